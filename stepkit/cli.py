@@ -1,0 +1,258 @@
+"""The ``stepkit`` command line: a thin click layer over the stages.
+
+Kept cheap to import: ``stepkit --help`` loads no torch and no vLLM; each command imports its stage
+inside its function. Every :class:`stepkit.errors.StepkitError` becomes one ``error: ...`` line on
+stderr and exit status 1.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import click
+
+from stepkit import __version__
+
+
+class _Group(click.Group):
+    """Turns StepkitError into one clear line and a non-zero exit."""
+
+    def invoke(self, ctx):
+        from stepkit.errors import StepkitError
+
+        try:
+            return super().invoke(ctx)
+        except StepkitError as e:
+            click.echo(f"error: {e}", err=True)
+            sys.exit(1)
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, prog_name="stepkit")
+def main():
+    """Build step-labeled datasets for process reward models (PRMs).
+
+    Stages read and write Parquet shards: ingest -> rollout -> mc-label -> stats / show.
+    """
+
+
+# ---------------------------------------------------------------------------------------------------
+# shared options
+
+def runner_options(f):
+    """Options every model stage shares (chunks, resume, sharding, error budget)."""
+    opts = [
+        click.option("--chunk-size", type=click.IntRange(1), default=None,
+                     help="Rows per committed chunk (resume granularity)."),
+        click.option("--force", is_flag=True, help="Redo the output even if it exists from another configuration."),
+        click.option("--rank", type=click.IntRange(0), default=0, show_default=True,
+                     help="This machine's index: takes sorted(shards)[rank::world_size]."),
+        click.option("--world-size", type=click.IntRange(1), default=1, show_default=True),
+        click.option("--max-error-rate", type=click.FloatRange(0, 1), default=0.05, show_default=True,
+                     help="Fail a shard when more than this share of rows has an error."),
+        click.option("--progress/--no-progress", default=True, help="Show a progress bar."),
+    ]
+    for o in reversed(opts):
+        f = o(f)
+    return f
+
+
+def engine_options(f):
+    """Model and sampling options."""
+    opts = [
+        click.option("--model", "-m", required=True,
+                     help="Bundled model name (smollm2-135m), a local model folder, or the served model name."),
+        click.option("--engine", type=click.Choice(["vllm", "openai", "scripted"]), default="vllm", show_default=True),
+        click.option("--base-url", default=None, help="Server URL for --engine openai (e.g. http://127.0.0.1:8000/v1)."),
+        click.option("--temperature", type=click.FloatRange(0), default=0.8, show_default=True),
+        click.option("--top-p", type=click.FloatRange(0, 1, min_open=True), default=1.0, show_default=True),
+        click.option("--max-tokens", type=click.IntRange(1), default=256, show_default=True,
+                     help="Tokens per continuation; hitting it marks the continuation truncated."),
+        click.option("--seed", type=int, default=0, show_default=True),
+        click.option("--max-model-len", type=click.IntRange(64), default=2048, show_default=True),
+        click.option("--no-prefix-caching", is_flag=True,
+                     help="Disable vLLM prefix caching (slower; for bit-reproducibility studies)."),
+        click.option("--tensor-parallel-size", type=click.IntRange(1), default=1, show_default=True,
+                     help="GPUs per model (vllm engine on GPU machines)."),
+        click.option("--concurrency", type=click.IntRange(1), default=32, show_default=True,
+                     help="Parallel requests for --engine openai."),
+    ]
+    for o in reversed(opts):
+        f = o(f)
+    return f
+
+
+def _engine_setup(engine, model, base_url, seed, max_model_len, no_prefix_caching, tensor_parallel_size,
+                  concurrency):
+    """(factory, identity config) for the chosen engine; nothing is loaded until factory() is called."""
+    from stepkit.engines import make_engine
+
+    if engine == "openai":
+        if not base_url:
+            raise click.UsageError("--engine openai needs --base-url")
+        opts = {"base_url": base_url, "concurrency": concurrency, "seed": seed}
+        ident = {"name": engine, "model": model, "base_url": base_url, "seed": seed}
+    elif engine == "vllm":
+        opts = {"seed": seed, "max_model_len": max_model_len, "enable_prefix_caching": not no_prefix_caching,
+                "tensor_parallel_size": tensor_parallel_size}
+        ident = {"name": engine, "model": model, **opts}
+    else:
+        opts, ident = {}, {"name": engine, "model": model}
+    return (lambda: make_engine(engine, model, **opts)), ident
+
+
+def _sampling(temperature, top_p, max_tokens, seed, stop):
+    from stepkit.engines.base import SamplingConfig
+
+    return SamplingConfig(temperature=temperature, top_p=top_p, max_tokens=max_tokens, stop=tuple(stop), seed=seed)
+
+
+def _print_results(results, title):
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=title)
+    for c in ("shard", "status", "rows", "errors", "resumed chunks", "tokens", "tok/s", "seconds"):
+        t.add_column(c, justify="right" if c not in ("shard", "status") else "left")
+    extra = sorted({k for r in results for k in r.counters if k != "errors"})
+    for k in extra:
+        t.add_column(k, justify="right")
+    for r in results:
+        tps = f"{r.tokens / r.seconds:.0f}" if r.seconds > 0 and r.tokens else "-"
+        t.add_row(str(r.output), r.status, str(r.rows), str(r.errors), f"{r.resumed_chunks}/{r.chunks}",
+                  str(r.tokens), tps, f"{r.seconds:.1f}", *[str(r.counters.get(k, "")) for k in extra])
+    Console(stderr=True).print(t)
+
+
+# ---------------------------------------------------------------------------------------------------
+# commands
+
+@main.command()
+@click.argument("fmt", metavar="FORMAT", type=click.Choice(["gsm8k", "gsm8k-solutions", "processbench", "jsonl", "parquet"]))
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.argument("out", type=click.Path(dir_okay=False))
+@click.option("--limit", type=click.IntRange(1), default=None, help="Take the first N records.")
+@click.option("--generator", "generators", multiple=True,
+              help="gsm8k-solutions: generator(s) to take (default: all four).")
+@click.option("--split", default="auto", show_default=True,
+              help="jsonl/parquet string steps: newline, blank, step (Step k:), auto, or a separator regex.")
+@click.option("--id-col", default=None, help="jsonl/parquet: row id column (default: <file>-<index>).")
+@click.option("--prompt-col", default="prompt", show_default=True)
+@click.option("--steps-col", default="steps", show_default=True, help="A list of steps, or a string to split.")
+@click.option("--answer-col", default=None, help="The solution's final answer (default: extracted from the steps).")
+@click.option("--reference-col", default=None, help="Gold answer column (needed to grade outcomes).")
+@click.option("--problem-id-col", default=None)
+@click.option("--labels-col", default=None, help="Per-step human labels or ratings (-1/0/1, bool, +/-).")
+@click.option("--neutral-as", type=click.Choice(["positive", "negative"]), default="positive", show_default=True,
+              help="How a neutral 0 rating maps (PRM800K paper: positive; TRL's converter: negative).")
+@click.option("--first-error-col", default=None, help="Human first-error index column (-1 = no error).")
+@click.option("--answers", multiple=True, type=click.Path(exists=True, dir_okay=False),
+              help="processbench: GSM8K/MATH-500 jsonl files to recover gold answers from.")
+def ingest(fmt, file, out, limit, generators, split, id_col, prompt_col, steps_col, answer_col, reference_col,
+           problem_id_col, labels_col, neutral_as, first_error_col, answers):
+    """Convert FILE (format FORMAT) into a Parquet shard OUT.
+
+    \b
+    Formats:
+      gsm8k            GSM8K problems (question, answer with #### N)      -> problems shard
+      gsm8k-solutions  GSM8K example model solutions, one row/generator    -> trajectories
+      processbench     ProcessBench gsm8k.json / math.json (human labels) -> trajectories
+      jsonl, parquet   any rows, mapped with the --*-col options            -> trajectories
+    """
+    from rich.console import Console
+
+    from stepkit.grading.verify import AnswerChecker, checker_settings
+    from stepkit.stages.ingest import IngestOptions
+    from stepkit.stages.ingest import ingest as run
+
+    opts = IngestOptions(limit=limit, generators=tuple(generators), split=split, id_col=id_col,
+                         prompt_col=prompt_col, steps_col=steps_col, answer_col=answer_col,
+                         reference_col=reference_col, problem_id_col=problem_id_col, labels_col=labels_col,
+                         neutral_as=neutral_as, first_error_col=first_error_col, answers=tuple(answers))
+    with AnswerChecker() as checker:
+        manifest = run(fmt, file, out, opts, checker, checker_settings())
+    counts = ", ".join(f"{k}: {v}" for k, v in manifest["counts"].items())
+    Console(stderr=True).print(f"[green]wrote[/green] {out} ({counts})")
+
+
+@main.command("mc-label")
+@click.argument("inp", metavar="IN", type=click.Path())
+@click.argument("out", metavar="OUT", type=click.Path())
+@click.option("--continuations", "-k", type=click.IntRange(1), default=8, show_default=True,
+              help="K: continuations per step prefix.")
+@click.option("--mode", type=click.Choice(["exhaustive", "binary"]), default="exhaustive", show_default=True,
+              help="exhaustive: every prefix; binary: OmegaPRM binary search for the first error.")
+@click.option("--stop", multiple=True, help="Extra stop string(s) for continuations.")
+@engine_options
+@runner_options
+def mc_label(inp, out, continuations, mode, stop, model, engine, base_url, temperature, top_p, max_tokens, seed,
+             max_model_len, no_prefix_caching, tensor_parallel_size, concurrency, chunk_size, force, rank,
+             world_size, max_error_rate, progress):
+    """Monte Carlo value of every step prefix of the trajectories in IN (Math-Shepherd / OmegaPRM).
+
+    For each prefix steps[:i], K continuations are sampled and graded against the reference answer;
+    writes mc_rollouts, mc_successes, mc_truncated, mc_value, mc_label, mc_progress, mc_first_error ...
+    """
+    from stepkit.grading.verify import AnswerChecker, checker_settings
+    from stepkit.prompts import DEFAULT_STOP
+    from stepkit.runner import run_stage
+    from stepkit.stages.mc_label import MCLabelStage
+
+    factory, ident = _engine_setup(engine, model, base_url, seed, max_model_len, no_prefix_caching,
+                                   tensor_parallel_size, concurrency)
+    stage = MCLabelStage(factory, ident, continuations, mode,
+                         _sampling(temperature, top_p, max_tokens, seed, DEFAULT_STOP + tuple(stop)),
+                         AnswerChecker, checker_settings())
+    results = run_stage(stage, inp, out, chunk_size=chunk_size, force=force, rank=rank, world_size=world_size,
+                        max_error_rate=max_error_rate, progress=progress)
+    _print_results(results, "mc-label")
+
+
+@main.command()
+@click.argument("shard", type=click.Path())
+def stats(shard):
+    """Summary of a shard: rows, steps, outcome accuracy, value by step position, first errors, errors."""
+    from stepkit.inspect import print_stats
+
+    print_stats(shard)
+
+
+@main.command()
+@click.argument("shard", type=click.Path())
+@click.option("--id", "row_id", default=None, help="Row id (default: the first row).")
+@click.option("--index", type=click.IntRange(0), default=None, help="Row index instead of an id.")
+def show(shard, row_id, index):
+    """Show one trajectory: each step with its MC counts, value and label, colored."""
+    from stepkit.inspect import print_row
+
+    print_row(shard, row_id, index)
+
+
+@main.group()
+def models():
+    """Bundled models (real weights shipped in a package; no downloads)."""
+
+
+@models.command("prepare")
+@click.argument("name", default="smollm2-135m")
+@click.option("--force", is_flag=True, help="Convert again even if prepared.")
+def models_prepare(name, force):
+    """Convert a bundled model once into a cache folder vLLM loads (idempotent)."""
+    from stepkit.models import prepare_model
+
+    path = prepare_model(name, force=force, log=lambda m: click.echo(m, err=True))
+    click.echo(str(path))
+
+
+@models.command("list")
+def models_list():
+    """List bundled models and whether they are prepared."""
+    from stepkit.models import list_models
+
+    for name, info in list_models().items():
+        click.echo(f"{name}\t{info}")
+
+
+if __name__ == "__main__":
+    main()

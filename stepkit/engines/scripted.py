@@ -1,0 +1,96 @@
+"""A deterministic engine for unit tests of algorithms (never for real labels).
+
+The engine calls a *policy* ``policy(prompt, j, n) -> str | Completion`` for sample ``j`` of ``n`` of each
+request. :class:`KnownValuePolicy` makes the success probability of every prefix known exactly, so MC
+estimators and searches can be checked to the count: of ``n`` samples, the first ``round(p * n)``
+answer correctly. Every stage is also tested against the real vLLM engine.
+
+From the CLI, ``--engine scripted --model scripted:echo`` answers "The answer is <last number in the
+prompt>" (deterministic, fast); ``STEPKIT_SCRIPTED_DELAY`` (seconds per request) slows it down so tests
+can kill a run mid-shard.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from typing import Callable
+
+from stepkit.engines.base import Completion, Engine, Request, SamplingConfig
+from stepkit.errors import ConfigError
+
+Policy = Callable[[str, int, int], "str | Completion"]
+
+_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+
+
+def echo_policy(prompt: str, j: int, n: int) -> str:
+    """Answer with the last number of the prompt (a stand-in that depends on the prefix)."""
+    nums = _NUMBER.findall(prompt)
+    return f" so the total is computed.\nThe answer is {nums[-1] if nums else 0}."
+
+
+class KnownValuePolicy:
+    """Exact, known success probability per prompt.
+
+    Args:
+        value: ``value(prompt) -> p`` in [0, 1]: the share of continuations of ``prompt`` that succeed.
+        right: the text of a successful continuation (e.g. ``"The answer is 18."``).
+        wrong: the text of a failed one.
+        truncated: ``truncated(prompt) -> k``: the first ``k`` samples hit ``max_tokens`` (default 0).
+    """
+
+    def __init__(self, value: Callable[[str], float], right: str, wrong: str,
+                 truncated: Callable[[str], int] | None = None):
+        self.value, self.right, self.wrong, self.truncated = value, right, wrong, truncated
+
+    def __call__(self, prompt: str, j: int, n: int) -> Completion:
+        k_trunc = self.truncated(prompt) if self.truncated else 0
+        if j < k_trunc:
+            return Completion("and then", "length", 2)
+        ok = (j - k_trunc) < round(self.value(prompt) * (n - k_trunc))
+        text = self.right if ok else self.wrong
+        return Completion(text, "stop", len(text.split()))
+
+
+class ScriptedEngine(Engine):
+    """Deterministic engine driven by a policy. ``calls`` records every request (for budget checks)."""
+
+    name = "scripted"
+
+    def __init__(self, policy: Policy = echo_policy, model: str = "scripted:echo", delay: float = 0.0):
+        super().__init__()
+        self.policy, self.model, self.delay = policy, model, delay
+        self.calls: list[Request] = []
+
+    @classmethod
+    def from_spec(cls, spec: str, **options) -> "ScriptedEngine":
+        """``scripted`` or ``scripted:echo`` -> the echo policy. Raises ConfigError otherwise."""
+        if spec not in ("scripted", "scripted:echo"):
+            raise ConfigError(f"unknown scripted model {spec!r} (use scripted:echo)")
+        return cls(echo_policy, spec, float(os.environ.get("STEPKIT_SCRIPTED_DELAY", "0")))
+
+    def render_chat(self, messages: list[dict[str, str]]) -> str:
+        return "".join(f"<|{m['role']}|>\n{m['content']}\n" for m in messages) + "<|assistant|>\n"
+
+    def generate(self, requests: list[Request], sampling: SamplingConfig) -> list[list[Completion]]:
+        out = []
+        for r in requests:
+            if self.delay:
+                time.sleep(self.delay)
+            self.calls.append(r)
+            samples = []
+            for j in range(r.n):
+                c = self.policy(r.prompt, j, r.n)
+                if isinstance(c, str):
+                    c = Completion(c, "stop", len(c.split()))
+                samples.append(c)
+            out.append(samples)
+            self.stats.requests += 1
+            self.stats.completions += r.n
+            self.stats.generated_tokens += sum(c.num_tokens for c in samples)
+        return out
+
+    def describe(self) -> dict:
+        return {"engine": "scripted", "model": self.model}

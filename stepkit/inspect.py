@@ -1,0 +1,203 @@
+"""``stepkit stats`` and ``stepkit show``: rich views of a shard."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from stepkit.errors import InputError
+from stepkit.shards import list_shards, read_manifest, read_rows
+
+
+def _load(shard) -> list[dict]:
+    rows = []
+    for p in list_shards(shard):
+        rows.extend(read_rows(p))
+    return rows
+
+
+def _fmt(x, digits=2):
+    return "-" if x is None else f"{x:.{digits}f}"
+
+
+def print_stats(shard, console: Console | None = None) -> dict:
+    """Print the summary tables of a trajectory shard (or folder) and return the figures as a dict.
+
+    Figures: rows, steps (total, mean, max), outcome accuracy (of rows with an outcome), rows with no
+    final answer, MC value by step position (mean, n), first-error histogram (incl. -1 = no error and
+    null = no signal), mc_status counts, errors by reason, truncated continuations.
+    """
+    console = console or Console()
+    rows = _load(shard)
+    figs: dict = {"rows": len(rows)}
+    t = Table(title=f"{shard}", show_header=False)
+    t.add_row("rows", str(len(rows)))
+    if rows and "steps" in rows[0]:
+        n_steps = [len(r["steps"] or []) for r in rows]
+        figs["steps"] = sum(n_steps)
+        t.add_row("steps", f"{sum(n_steps)} (mean {sum(n_steps) / len(rows):.1f}, max {max(n_steps)})")
+    if rows and "outcome_correct" in rows[0]:
+        graded = [r["outcome_correct"] for r in rows if r["outcome_correct"] is not None]
+        figs["outcome_accuracy"] = sum(graded) / len(graded) if graded else None
+        t.add_row("outcome accuracy", f"{_fmt(figs['outcome_accuracy'], 3)} ({sum(graded)}/{len(graded)})")
+        figs["no_final_answer"] = sum(1 for r in rows if r.get("final_answer") is None)
+        t.add_row("no final answer", str(figs["no_final_answer"]))
+    if rows and "reference_answer" in rows[0]:
+        t.add_row("with reference answer", str(sum(1 for r in rows if r.get("reference_answer"))))
+    if rows and "source_outcome_correct" in rows[0]:
+        both = [r for r in rows if r.get("source_outcome_correct") is not None and r.get("outcome_correct") is not None]
+        if both:
+            agree = sum(r["source_outcome_correct"] == r["outcome_correct"] for r in both)
+            t.add_row("outcome agrees with source file", f"{agree}/{len(both)}")
+    errors = Counter((r.get("error") or "").split(":", 2)[1].strip() if (r.get("error") or "").count(":") >= 2
+                     else r.get("error") for r in rows if r.get("error"))
+    figs["errors"] = dict(errors)
+    t.add_row("rows with error", str(sum(errors.values())))
+    console.print(t)
+
+    if rows and "problem_id" in rows[0] and "rollout_finish_reason" in rows[0]:
+        _rollout_tables(rows, console, figs)
+    if rows and "mc_value" in rows[0]:
+        _mc_tables(rows, console, figs)
+    if errors:
+        et = Table(title="errors by reason")
+        et.add_column("reason")
+        et.add_column("rows", justify="right")
+        for k, v in errors.most_common():
+            et.add_row(str(k), str(v))
+        console.print(et)
+    for p in list_shards(shard):
+        m = read_manifest(p)
+        if m:
+            cfg = m.get("config", {})
+            console.print(f"[dim]{p.name}: stage {m.get('stage')}, stepkit {m.get('stepkit_version')}, "
+                          f"engine {cfg.get('engine', {}).get('name', '-') if isinstance(cfg.get('engine'), dict) else '-'}, "
+                          f"model {cfg.get('engine', {}).get('model', '-') if isinstance(cfg.get('engine'), dict) else '-'}[/dim]")
+    return figs
+
+
+def _rollout_tables(rows, console, figs):
+    by_problem: dict[str, list[dict]] = {}
+    for r in rows:
+        by_problem.setdefault(r["problem_id"], []).append(r)
+    t = Table(title="per problem (rollout)")
+    for c in ("problem", "samples", "solve rate", "distinct solutions", "mean steps", "truncated"):
+        t.add_column(c, justify="left" if c == "problem" else "right")
+    per = {}
+    for pid, rs in by_problem.items():
+        solved = sum(1 for r in rs if r.get("outcome_correct"))
+        distinct = len({"\n".join(r["steps"] or []) for r in rs})
+        trunc = sum(1 for r in rs if r.get("rollout_finish_reason") == "length")
+        mean_steps = sum(len(r["steps"] or []) for r in rs) / len(rs)
+        per[pid] = {"samples": len(rs), "solve_rate": solved / len(rs), "distinct": distinct,
+                    "mean_steps": mean_steps, "truncated": trunc}
+        t.add_row(pid, str(len(rs)), f"{solved / len(rs):.2f}", str(distinct), f"{mean_steps:.1f}", str(trunc))
+    figs["per_problem"] = per
+    console.print(t)
+
+
+def _mc_tables(rows, console, figs):
+    status = Counter(r.get("mc_status") for r in rows)
+    figs["mc_status"] = dict(status)
+    by_pos: dict[int, list[float]] = {}
+    trunc = sum(sum(r.get("mc_truncated") or []) for r in rows)
+    cont = sum(sum(r.get("mc_rollouts") or []) for r in rows)
+    for r in rows:
+        for s, v in enumerate(r.get("mc_value") or []):
+            if v is not None and s < len(r["steps"]) - 1:  # the last value is the graded outcome
+                by_pos.setdefault(s, []).append(v)
+    t = Table(title="MC value by step position (estimated prefixes; last step = outcome excluded)")
+    for c in ("step", "n", "mean value", "share == 0", "share == 1"):
+        t.add_column(c, justify="right")
+    figs["value_by_position"] = {}
+    for s in sorted(by_pos):
+        vs = by_pos[s]
+        figs["value_by_position"][s] = sum(vs) / len(vs)
+        t.add_row(str(s), str(len(vs)), f"{sum(vs) / len(vs):.3f}", f"{sum(v == 0 for v in vs) / len(vs):.2f}",
+                  f"{sum(v == 1 for v in vs) / len(vs):.2f}")
+    console.print(t)
+    fe = Counter(r.get("mc_first_error") for r in rows if r.get("mc_status") is not None)
+    figs["first_error_histogram"] = {str(k): v for k, v in fe.items()}
+    h = Table(title="first error (mc_first_error)")
+    h.add_column("step")
+    h.add_column("rows", justify="right")
+    for k in sorted(fe, key=lambda x: (x is None, x if x is not None else 0)):
+        h.add_row("none (-1)" if k == -1 else "no signal" if k is None else str(k), str(fe[k]))
+    console.print(h)
+    s = Table(title="MC labelling", show_header=False)
+    s.add_row("status", ", ".join(f"{k}: {v}" for k, v in status.items()))
+    s.add_row("continuations", str(cont))
+    s.add_row("truncated (excluded from values)", str(trunc))
+    figs["continuations"], figs["truncated"] = cont, trunc
+    console.print(s)
+
+
+def _value_style(v) -> str:
+    if v is None:
+        return "dim"
+    return "green" if v >= 0.5 else "yellow" if v > 0 else "red"
+
+
+def print_row(shard, row_id: str | None = None, index: int | None = None, console: Console | None = None) -> dict:
+    """Print one trajectory, each step with its counts, value and label, colored by value.
+
+    Raises:
+        InputError: no row with that id / index.
+    """
+    console = console or Console()
+    rows = _load(shard)
+    if not rows:
+        raise InputError(shard, "shard has no rows")
+    if row_id is not None:
+        match = [r for r in rows if r.get("id") == row_id]
+        if not match:
+            raise InputError(shard, f"no row with id {row_id!r}")
+        row = match[0]
+    else:
+        i = index or 0
+        if i >= len(rows):
+            raise InputError(shard, f"row index {i} out of range (shard has {len(rows)} rows)")
+        row = rows[i]
+    head = Text()
+    head.append(f"{row.get('id')}  ", style="bold")
+    head.append(f"generator {row.get('generator')}  reference {row.get('reference_answer')}  "
+                f"final {row.get('final_answer')}  ")
+    oc = row.get("outcome_correct")
+    head.append("correct" if oc else "incorrect" if oc is not None else "ungraded",
+                style="green" if oc else "red" if oc is not None else "dim")
+    console.print(head)
+    console.print(Text(row.get("prompt", ""), style="italic"))
+    if row.get("mc_value_start") is not None or "mc_value" in row:
+        console.print(f"v0 (bare problem) = {_fmt(row.get('mc_value_start'))}   status {row.get('mc_status')}   "
+                      f"first error {row.get('mc_first_error')}"
+                      + (f"   human first error {row.get('reference_first_error')}" if row.get("reference_first_error") is not None else ""))
+    t = Table(show_lines=False)
+    t.add_column("#", justify="right")
+    t.add_column("step")
+    has_mc = bool(row.get("mc_value"))
+    if has_mc:
+        for c in ("succ/roll", "trunc", "value", "progress", "label"):
+            t.add_column(c, justify="right")
+    for s, step in enumerate(row.get("steps") or []):
+        cells = [str(s), step]
+        style = None
+        if has_mc:
+            v = row["mc_value"][s]
+            est = (row.get("mc_estimated") or [True] * len(row["steps"]))[s]
+            last = s == len(row["steps"]) - 1
+            lab = row["mc_label"][s] if row.get("mc_label") else None
+            cells += ["outcome" if last else f"{row['mc_successes'][s]}/{row['mc_rollouts'][s]}",
+                      str(row["mc_truncated"][s]), _fmt(v), _fmt(row["mc_progress"][s]),
+                      ("-" if lab is None else "+" if lab else "-x") + ("" if est else " (inferred)")]
+            style = _value_style(v)
+            if row.get("mc_first_error") == s:
+                style = "bold red"
+        t.add_row(*cells, style=style)
+    console.print(t)
+    if row.get("error"):
+        console.print(f"[red]error:[/red] {row['error']}")
+    return row

@@ -1,0 +1,127 @@
+"""Explicit pyarrow schemas for stepkit shards, and validation with one-line errors.
+
+Shards are never typed by inference from their first rows: a shard whose list columns hold only empty
+lists would otherwise be typed ``list<null>`` and refuse to load beside other shards
+(case ``shard-empty-lists-null-type``). Every writer passes one of the schemas below.
+
+Two kinds of shard (``../shared/design.md``, "Record schema"):
+
+* **problems**: :data:`PROBLEM_FIELDS`, written by ``ingest gsm8k`` and read by ``rollout``.
+* **trajectories**: :data:`TRAJECTORY_FIELDS`, one row per solution; labelers add their own
+  prefixed columns (``mc_*`` ...) and never rewrite another stage's columns.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+from stepkit.errors import InputError
+
+PROBLEM_FIELDS = [
+    pa.field("problem_id", pa.string(), nullable=False),
+    pa.field("source", pa.string()),
+    pa.field("prompt", pa.string(), nullable=False),
+    pa.field("reference_answer", pa.string()),
+    pa.field("reference_steps", pa.list_(pa.string())),
+]
+
+TRAJECTORY_FIELDS = [
+    pa.field("id", pa.string(), nullable=False),
+    pa.field("problem_id", pa.string(), nullable=False),
+    pa.field("source", pa.string()),
+    pa.field("prompt", pa.string(), nullable=False),
+    pa.field("reference_answer", pa.string()),
+    pa.field("steps", pa.list_(pa.string()), nullable=False),
+    pa.field("step_separator", pa.string()),
+    pa.field("final_answer", pa.string()),
+    pa.field("outcome_correct", pa.bool_()),
+    pa.field("generator", pa.string()),
+    pa.field("error", pa.string()),
+]
+
+# Optional columns some ingesters add (kept by every later stage).
+REFERENCE_FIELDS = [
+    # ProcessBench's human label: 0-based index of the earliest wrong step, -1 if none.
+    pa.field("reference_first_error", pa.int32()),
+    # The source file's own correctness flag, kept beside stepkit's recomputed outcome.
+    pa.field("source_outcome_correct", pa.bool_()),
+    # Status of the reference label: "ok" or "inconsistent: <why>" (case first-error-step-missing-for-incorrect).
+    pa.field("reference_status", pa.string()),
+    # Human step labels from an imported dataset (hard labels; see ``ingest --neutral-as``).
+    pa.field("reference_labels", pa.list_(pa.bool_())),
+]
+
+ROLLOUT_FIELDS = [
+    pa.field("rollout_finish_reason", pa.string()),
+    pa.field("rollout_prompt_tokens", pa.int32()),
+    pa.field("rollout_completion_tokens", pa.int32()),
+]
+
+MC_FIELDS = [
+    pa.field("mc_rollouts", pa.list_(pa.int32())),
+    pa.field("mc_successes", pa.list_(pa.int32())),
+    pa.field("mc_truncated", pa.list_(pa.int32())),
+    pa.field("mc_value", pa.list_(pa.float32())),
+    pa.field("mc_label", pa.list_(pa.bool_())),
+    pa.field("mc_estimated", pa.list_(pa.bool_())),
+    pa.field("mc_progress", pa.list_(pa.float32())),
+    pa.field("mc_value_start", pa.float32()),
+    pa.field("mc_first_error", pa.int32()),
+    pa.field("mc_status", pa.string()),
+]
+
+PROBLEM_SCHEMA = pa.schema(PROBLEM_FIELDS)
+TRAJECTORY_SCHEMA = pa.schema(TRAJECTORY_FIELDS)
+
+# The columns a labeler needs from a trajectory shard.
+LABELER_REQUIRED = ("id", "problem_id", "prompt", "reference_answer", "steps", "outcome_correct")
+
+
+def extend_schema(base: pa.Schema, fields: list[pa.Field]) -> pa.Schema:
+    """``base`` plus ``fields`` (a field already in ``base`` is replaced, keeping its position)."""
+    names = {f.name: f for f in fields}
+    out = [names.pop(f.name, f) for f in base]
+    out += [f for f in fields if f.name in names]
+    return pa.schema(out, metadata=base.metadata)
+
+
+def check_columns(schema: pa.Schema, required: tuple[str, ...] | list[str], path) -> None:
+    """Raise :class:`InputError` naming the first required column missing from ``schema``.
+
+    Also checks the type of the core columns whose type stepkit relies on (``steps`` must be a list
+    of strings, ``outcome_correct`` a bool).
+    """
+    have = set(schema.names)
+    for name in required:
+        if name not in have:
+            raise InputError(path, f"missing column (has: {', '.join(schema.names)})", column=name)
+    expected = {f.name: f.type for f in TRAJECTORY_FIELDS + PROBLEM_FIELDS}
+    for name in required:
+        want = expected.get(name)
+        got = schema.field(name).type
+        if want is None or got == want:
+            continue
+        ok = (pa.types.is_list(want) and (pa.types.is_list(got) or pa.types.is_large_list(got))
+              and _stringish(got.value_type)) or (_stringish(want) and _stringish(got))
+        if not ok:
+            raise InputError(path, f"expected type {want}, found {got}", column=name)
+
+
+def _stringish(t: pa.DataType) -> bool:
+    return pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_null(t)
+
+
+def check_steps(rows: list[dict], path, first_row: int = 0) -> None:
+    """Raise :class:`InputError` for the first row whose ``steps`` is null, empty or has an empty step.
+
+    ``first_row`` is the 0-based index of ``rows[0]`` in the file, so the message names the file row.
+    """
+    for i, row in enumerate(rows):
+        steps = row.get("steps")
+        if steps is None:
+            raise InputError(path, "steps is null", row=first_row + i, column="steps")
+        if len(steps) == 0:
+            raise InputError(path, "steps is an empty list", row=first_row + i, column="steps")
+        for k, s in enumerate(steps):
+            if s is None or not s.strip():
+                raise InputError(path, f"step {k} is empty", row=first_row + i, column="steps")

@@ -1,0 +1,173 @@
+"""Reading and writing Parquet shards: explicit schemas, batched reads, atomic writes, manifests.
+
+* Reads go through ``ParquetFile.iter_batches`` so a large shard never becomes one chunked array
+  (case ``parquet-nested-string-chunked-read``).
+* Writes use one explicit schema and cap each row group by bytes (``ROW_GROUP_BYTES``), then appear
+  atomically: written to ``<name>.tmp-<pid>`` and renamed.
+* Every finished shard has a manifest beside it, ``<stem>.manifest.json``, also stored in the Parquet
+  file's key-value metadata under ``b"stepkit"``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any, Iterator
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from stepkit.errors import InputError
+
+ROW_GROUP_BYTES = 64 * 1024 * 1024
+"""Upper bound on the uncompressed bytes of one row group (a row group holds at least one row)."""
+
+
+def list_shards(path: str | os.PathLike) -> list[Path]:
+    """The Parquet files named by ``path``: the file itself, or the sorted ``*.parquet`` of a folder.
+
+    Raises:
+        InputError: the path does not exist, or a folder holds no ``.parquet`` file.
+    """
+    p = Path(path)
+    if p.is_dir():
+        shards = sorted(x for x in p.glob("*.parquet") if x.is_file())
+        if not shards:
+            raise InputError(p, "folder holds no .parquet shards")
+        return shards
+    if not p.exists():
+        raise InputError(p, "no such file or folder")
+    return [p]
+
+
+def select_shards(shards: list[Path], rank: int, world_size: int) -> list[Path]:
+    """``sorted(shards)[rank::world_size]``: N machines split a folder with no coordinator."""
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ValueError(f"need 0 <= rank < world_size, got rank={rank} world_size={world_size}")
+    return sorted(shards)[rank::world_size]
+
+
+def output_path(shard: Path, in_path: Path, out: Path) -> Path:
+    """Where the output of ``shard`` goes. A folder input maps to ``out/<shard name>``; a file input
+    maps to ``out`` itself when it ends in ``.parquet``, else to ``out/<shard name>``."""
+    if Path(in_path).is_dir() or Path(out).suffix != ".parquet":
+        return Path(out) / shard.name
+    return Path(out)
+
+
+def manifest_path(shard: Path) -> Path:
+    """``x/traj.parquet`` -> ``x/traj.manifest.json``."""
+    return shard.with_name(shard.stem + ".manifest.json")
+
+
+def open_parquet(path: Path) -> pq.ParquetFile:
+    """Open a Parquet file, turning any read failure into one clear :class:`InputError`."""
+    try:
+        return pq.ParquetFile(path)
+    except FileNotFoundError:
+        raise InputError(path, "no such file") from None
+    except (pa.ArrowInvalid, OSError) as e:
+        raise InputError(path, f"not a readable Parquet file ({str(e).splitlines()[0]})") from None
+
+
+def iter_row_chunks(path: Path, chunk_size: int, columns: list[str] | None = None
+                    ) -> Iterator[tuple[int, list[dict[str, Any]]]]:
+    """Yield ``(first_row_index, rows)`` with exactly ``chunk_size`` rows per chunk (the last may be
+    shorter), reading record batches so memory stays bounded by a chunk."""
+    pf = open_parquet(path)
+    buf: list[dict[str, Any]] = []
+    start = 0
+    for batch in pf.iter_batches(batch_size=max(1, min(chunk_size, 1024)), columns=columns):
+        buf.extend(batch.to_pylist())
+        while len(buf) >= chunk_size:
+            yield start, buf[:chunk_size]
+            buf = buf[chunk_size:]
+            start += chunk_size
+    if buf:
+        yield start, buf
+
+
+def read_rows(path: Path, columns: list[str] | None = None) -> list[dict[str, Any]]:
+    """All rows of one shard as dicts (for small shards, stats and tests)."""
+    return [r for _, rows in iter_row_chunks(path, 4096, columns) for r in rows]
+
+
+def read_manifest(shard: Path) -> dict[str, Any] | None:
+    """The manifest of a finished shard, or None if it has none."""
+    mp = manifest_path(shard)
+    if mp.exists():
+        return json.loads(mp.read_text())
+    return None
+
+
+def _row_groups(table: pa.Table, max_bytes: int) -> Iterator[pa.Table]:
+    n = table.num_rows
+    if n == 0:
+        yield table
+        return
+    per_row = max(1, table.nbytes // n)
+    step = max(1, max_bytes // per_row)
+    start = 0
+    while start < n:
+        piece = table.slice(start, step)
+        # Rows can be uneven: halve until the piece fits (one row always goes through).
+        while piece.num_rows > 1 and piece.nbytes > max_bytes:
+            piece = piece.slice(0, piece.num_rows // 2)
+        yield piece
+        start += piece.num_rows
+
+
+def write_table(path: Path, table: pa.Table, metadata: dict[str, Any] | None = None,
+                row_group_bytes: int = ROW_GROUP_BYTES) -> None:
+    """Write ``table`` to ``path`` atomically, row groups capped at ``row_group_bytes``.
+
+    ``metadata`` is stored as JSON under the key ``stepkit`` of the file's key-value metadata.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    schema = table.schema
+    if metadata is not None:
+        schema = schema.with_metadata({**(schema.metadata or {}), b"stepkit": json.dumps(metadata).encode()})
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with pq.ParquetWriter(tmp, schema) as w:
+        for piece in _row_groups(table.replace_schema_metadata(schema.metadata), row_group_bytes):
+            w.write_table(piece)
+    os.replace(tmp, path)
+
+
+def rows_to_table(rows: list[dict[str, Any]], schema: pa.Schema) -> pa.Table:
+    """Build a table with the explicit ``schema`` (never inferred); unknown keys are dropped."""
+    return pa.Table.from_pylist(rows, schema=schema)
+
+
+def write_json(path: Path, doc: dict[str, Any]) -> None:
+    """Write JSON atomically (temp file + rename)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+
+
+def write_shard(path: Path, rows: list[dict[str, Any]], schema: pa.Schema, manifest: dict[str, Any]) -> None:
+    """Write a complete shard and its manifest (used by stages that need no chunked resume, e.g. ingest)."""
+    table = rows_to_table(rows, schema)
+    manifest = {**manifest, "output": {"path": str(path), "rows": table.num_rows}}
+    write_table(path, table, metadata=manifest)
+    write_json(manifest_path(path), manifest)
+
+
+def file_sha256(path: Path) -> str:
+    """Hex SHA-256 of a file's bytes (the input hash recorded in manifests)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def config_hash(doc: Any) -> str:
+    """Short stable hash of a JSON-able document (configuration identity, prompt-template hash)."""
+    return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()[:16]

@@ -1,0 +1,341 @@
+"""``ingest``: turn source files into problem or trajectory shards with the explicit schemas.
+
+Formats:
+
+* ``gsm8k``: GSM8K problems (``question``, ``answer`` with ``<<a=b>>`` annotations and ``#### N``) ->
+  problem shard; ``reference_answer`` from ``#### N``, ``reference_steps`` the gold solution lines.
+* ``gsm8k-solutions``: OpenAI's GSM8K example model solutions (one object per problem, one key per
+  generator, each ``{solution, is_correct}``) -> trajectory shard with one row per chosen generator;
+  steps are the solution lines, the outcome is recomputed with stepkit's checker and compared with the
+  file's ``is_correct`` (kept as ``source_outcome_correct``).
+* ``processbench``: ProcessBench (Zheng et al. 2024) ``gsm8k.json``/``math.json`` -> trajectories with the
+  human first-error label as ``reference_first_error``. ProcessBench has no gold answers: they are
+  recovered by problem text from GSM8K test / MATH-500 (files found beside the ProcessBench folder or
+  given with ``--answers``), else from another row of the same problem whose final answer is marked
+  correct.
+* ``jsonl`` / ``parquet``: any rows, with column-mapping options.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+from stepkit import __version__
+from stepkit.errors import InputError
+from stepkit.grading.answers import extract_final_answer, extract_gsm8k_reference, strip_calculator_annotations
+from stepkit.grading.steps import split_steps
+from stepkit.schema import PROBLEM_SCHEMA, REFERENCE_FIELDS, TRAJECTORY_SCHEMA, extend_schema
+from stepkit.shards import file_sha256, write_shard
+
+FORMATS = ("gsm8k", "gsm8k-solutions", "processbench", "jsonl", "parquet")
+GSM8K_GENERATORS = ("6b_finetuning", "6b_verification", "175b_finetuning", "175b_verification")
+TRAJ_SCHEMA_WITH_REFS = extend_schema(TRAJECTORY_SCHEMA, REFERENCE_FIELDS)
+
+
+@dataclass
+class IngestOptions:
+    """Options of ``stepkit ingest`` (column names refer to the source file for jsonl/parquet)."""
+
+    limit: int | None = None
+    generators: tuple[str, ...] = ()
+    split: str = "auto"
+    id_col: str | None = None
+    prompt_col: str = "prompt"
+    steps_col: str = "steps"
+    answer_col: str | None = None  # the solution's own final answer (else extracted from the steps)
+    reference_col: str | None = None
+    problem_id_col: str | None = None
+    labels_col: str | None = None  # per-step human ratings / labels
+    neutral_as: str = "positive"  # PRM800K-style 0 ratings -> True ("positive") or False ("negative")
+    first_error_col: str | None = None
+    answers: tuple[str, ...] = ()  # extra files with gold answers for processbench (gsm8k/math500 jsonl)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def read_jsonl(path: Path) -> Iterator[tuple[int, dict]]:
+    """Yield ``(line_index, object)``; a bad line raises InputError naming the file and row."""
+    try:
+        f = open(path, encoding="utf-8")
+    except OSError as e:
+        raise InputError(path, e.strerror or str(e)) from None
+    with f:
+        for i, line in enumerate(f):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise InputError(path, f"not valid JSON ({e.msg})", row=i) from None
+            if not isinstance(obj, dict):
+                raise InputError(path, "expected a JSON object", row=i)
+            yield i, obj
+
+
+def _need(obj: dict, key: str, path: Path, row: int) -> Any:
+    if key not in obj or obj[key] is None:
+        raise InputError(path, "missing or null", row=row, column=key)
+    return obj[key]
+
+
+def ratings_to_labels(ratings: list, neutral_as: str = "positive") -> list[bool]:
+    """Map per-step ratings to hard labels.
+
+    PRM800K rates steps -1/0/1. The PRM800K paper and Qwen's baselines count a neutral 0 as positive;
+    TRL's converter keeps only 1 as true (case ``prm800k-neutral-rating-mapping``), so the choice is
+    explicit. Booleans pass through; ``"+"``/``"-"`` map to True/False.
+
+    Raises:
+        ValueError: unknown ``neutral_as`` or a rating outside {-1, 0, 1, True, False, "+", "-"}.
+    """
+    if neutral_as not in ("positive", "negative"):
+        raise ValueError(f"neutral_as must be 'positive' or 'negative', got {neutral_as!r}")
+    out = []
+    for r in ratings:
+        if isinstance(r, bool):
+            out.append(r)
+        elif r in ("+", "-"):
+            out.append(r == "+")
+        elif r in (1, -1, 0):
+            out.append(r == 1 or (r == 0 and neutral_as == "positive"))
+        else:
+            raise ValueError(f"unknown step rating {r!r}")
+    return out
+
+
+def first_error_status(outcome_correct: bool | None, first_error: int | None, n_steps: int) -> str:
+    """Check a first-error label against its outcome (case ``first-error-step-missing-for-incorrect``).
+
+    An incorrect outcome must have ``0 <= first_error < n_steps``; a correct one may have -1 or a step
+    (ProcessBench: correct answers can hide process errors). Returns ``"ok"`` or
+    ``"inconsistent: <why>"`` — such rows are flagged, never silently relabelled.
+    """
+    if first_error is None or not isinstance(first_error, int):
+        return f"inconsistent: first error {first_error!r} is not an integer"
+    if not -1 <= first_error < n_steps:
+        return f"inconsistent: first error {first_error} outside -1..{n_steps - 1}"
+    if outcome_correct is False and first_error == -1:
+        return "inconsistent: incorrect outcome with no erroneous step"
+    return "ok"
+
+
+class Ingester:
+    """Builds rows for one format; grades outcomes with an :class:`AnswerChecker` (process pool)."""
+
+    def __init__(self, fmt: str, path: Path, opts: IngestOptions, checker):
+        self.fmt, self.path, self.opts, self.checker = fmt, Path(path), opts, checker
+        self.counts: dict[str, int] = {}
+
+    def count(self, key: str, n: int = 1) -> None:
+        self.counts[key] = self.counts.get(key, 0) + n
+
+    def rows(self) -> tuple[list[dict], Any]:
+        fn = {"gsm8k": self._gsm8k, "gsm8k-solutions": self._gsm8k_solutions,
+              "processbench": self._processbench, "jsonl": self._generic, "parquet": self._generic}[self.fmt]
+        return fn()
+
+    def _limit(self, items):
+        return items if self.opts.limit is None else items[: self.opts.limit]
+
+    # ---- gsm8k problems -----------------------------------------------------------------------
+    def _gsm8k(self):
+        rows = []
+        for i, obj in self._limit(list(read_jsonl(self.path))):
+            q, a = _need(obj, "question", self.path, i), _need(obj, "answer", self.path, i)
+            try:
+                ref = extract_gsm8k_reference(a)
+            except ValueError:
+                raise InputError(self.path, "no '#### N' final answer line", row=i, column="answer") from None
+            lines = [strip_calculator_annotations(x).strip() for x in a.splitlines()]
+            rows.append({"problem_id": f"gsm8k-test-{i}", "source": f"gsm8k/test/{i}",
+                         "prompt": strip_calculator_annotations(q).strip(), "reference_answer": ref,
+                         "reference_steps": [x for x in lines if x and not x.startswith("####")]})
+        return rows, PROBLEM_SCHEMA
+
+    # ---- gsm8k example model solutions -------------------------------------------------------
+    def _gsm8k_solutions(self):
+        gens = self.opts.generators or GSM8K_GENERATORS
+        rows, pairs = [], []
+        for i, obj in self._limit(list(read_jsonl(self.path))):
+            q = _need(obj, "question", self.path, i)
+            gt = _need(obj, "ground_truth", self.path, i)
+            ref = extract_final_answer(strip_calculator_annotations(gt))
+            if ref is None:
+                raise InputError(self.path, "no final answer in the ground truth", row=i, column="ground_truth")
+            for g in gens:
+                if g not in obj:
+                    raise InputError(self.path, f"no generator {g!r} (has: {', '.join(k for k in obj if isinstance(obj[k], dict))})",
+                                     row=i, column=g)
+                sol = _need(obj[g], "solution", self.path, i)
+                text = strip_calculator_annotations(sol)
+                steps, sep = split_steps(text, "newline")
+                final = extract_final_answer(text)
+                if final is None:
+                    self.count("no_final_answer")
+                row = {"id": f"gsm8k-test-{i}:{g}", "problem_id": f"gsm8k-test-{i}", "source": f"gsm8k/test/{i}",
+                       "prompt": strip_calculator_annotations(q).strip(), "reference_answer": ref,
+                       "steps": steps, "step_separator": sep, "final_answer": final, "generator": g,
+                       "source_outcome_correct": obj[g].get("is_correct"), "error": None}
+                if not steps:
+                    row["error"] = "ingest: solution has no steps"
+                    row["steps"] = []
+                rows.append(row)
+                pairs.append((ref, final))
+        self._grade(rows, pairs)
+        return rows, TRAJ_SCHEMA_WITH_REFS
+
+    def _grade(self, rows, pairs):
+        for row, ok in zip(rows, self.checker.check_many(pairs)):
+            row["outcome_correct"] = bool(ok) if row.get("final_answer") is not None else False
+            src = row.get("source_outcome_correct")
+            if src is not None:
+                self.count("agree_with_source" if src == row["outcome_correct"] else "disagree_with_source")
+            self.count("outcome_correct" if row["outcome_correct"] else "outcome_incorrect")
+
+    # ---- ProcessBench --------------------------------------------------------------------------
+    def _processbench(self):
+        try:
+            data = json.loads(self.path.read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise InputError(self.path, f"not a readable ProcessBench JSON file ({e})") from None
+        if not isinstance(data, list):
+            raise InputError(self.path, "expected a JSON list of ProcessBench rows")
+        answers = self._reference_answers()
+        by_problem: dict[str, str] = {}
+        for obj in data:  # another row of the same problem with a correct final answer
+            if obj.get("final_answer_correct") and obj.get("steps"):
+                fa = extract_final_answer("\n\n".join(obj["steps"]))
+                if fa is not None:
+                    by_problem.setdefault(_norm(obj["problem"]), fa)
+        split = self.path.stem
+        rows, pairs = [], []
+        for i, obj in enumerate(self._limit(data)):
+            for key in ("id", "problem", "steps", "label", "final_answer_correct"):
+                _need(obj, key, self.path, i)
+            steps = [s.strip() for s in obj["steps"]]
+            final = extract_final_answer("\n\n".join(steps))
+            ref, how = answers.get(_norm(obj["problem"])), "matched problem text"
+            if ref is None:
+                ref, how = by_problem.get(_norm(obj["problem"])), "from a correct row of the same problem"
+            self.count(f"reference: {how}" if ref is not None else "reference: none")
+            rows.append({"id": obj["id"], "problem_id": f"processbench-{split}-{_problem_key(obj['problem'])}",
+                         "source": f"processbench/{split}/{obj['id']}", "prompt": obj["problem"],
+                         "reference_answer": ref, "steps": steps, "step_separator": "\n\n",
+                         "final_answer": final, "generator": obj.get("generator"),
+                         "source_outcome_correct": obj["final_answer_correct"],
+                         "reference_first_error": obj["label"], "error": None,
+                         "reference_status": first_error_status(obj["final_answer_correct"], obj["label"], len(steps))})
+            pairs.append((ref, final))
+        graded = [(r, p) for r, p in zip(rows, pairs) if r["reference_answer"] is not None]
+        self._grade([r for r, _ in graded], [p for _, p in graded])
+        for r in rows:
+            if r["reference_answer"] is None:
+                r["outcome_correct"] = r["source_outcome_correct"]
+            if r["reference_status"] != "ok":
+                self.count("reference_inconsistent")
+        return rows, TRAJ_SCHEMA_WITH_REFS
+
+    def _reference_answers(self) -> dict[str, str]:
+        """Problem text -> gold answer from GSM8K test and MATH-500 files (``--answers`` or siblings)."""
+        files = [Path(p) for p in self.opts.answers] or [
+            self.path.parent.parent / "gsm8k" / "test.jsonl", self.path.parent.parent / "math500" / "test.jsonl"]
+        out = {}
+        for f in files:
+            if not f.exists():
+                continue
+            for i, obj in read_jsonl(f):
+                if "question" in obj and "answer" in obj:
+                    try:
+                        out[_norm(obj["question"])] = extract_gsm8k_reference(obj["answer"])
+                    except ValueError:
+                        pass
+                elif "problem" in obj and "answer" in obj:
+                    out[_norm(obj["problem"])] = str(obj["answer"])
+        return out
+
+    # ---- generic jsonl / parquet ---------------------------------------------------------------
+    def _generic(self):
+        o = self.opts
+        if self.fmt == "parquet":
+            from stepkit.shards import read_rows
+
+            items = list(enumerate(read_rows(self.path)))
+        else:
+            items = list(read_jsonl(self.path))
+        rows, pairs = [], []
+        for i, obj in self._limit(items):
+            prompt = _need(obj, o.prompt_col, self.path, i)
+            raw = _need(obj, o.steps_col, self.path, i)
+            if isinstance(raw, str):
+                steps, sep = split_steps(raw, o.split)
+            elif isinstance(raw, list) and all(isinstance(s, str) for s in raw):
+                steps, sep = [s.strip() for s in raw], "\n\n" if any("\n" in s for s in raw) else "\n"
+            else:
+                raise InputError(self.path, "expected a string or a list of strings", row=i, column=o.steps_col)
+            if not steps or any(not s for s in steps):
+                raise InputError(self.path, "empty steps", row=i, column=o.steps_col)
+            ref = obj.get(o.reference_col) if o.reference_col else None
+            final = obj.get(o.answer_col) if o.answer_col else extract_final_answer(sep.join(steps))
+            pid = str(obj.get(o.problem_id_col)) if o.problem_id_col else f"{self.path.stem}-{_problem_key(prompt)}"
+            row = {"id": str(obj[o.id_col]) if o.id_col else f"{self.path.stem}-{i}", "problem_id": pid,
+                   "source": f"{self.path.name}/{i}", "prompt": prompt,
+                   "reference_answer": None if ref is None else str(ref), "steps": steps, "step_separator": sep,
+                   "final_answer": None if final is None else str(final),
+                   "generator": str(obj.get("generator") or "unknown"), "error": None}
+            if o.labels_col:
+                try:
+                    row["reference_labels"] = ratings_to_labels(_need(obj, o.labels_col, self.path, i), o.neutral_as)
+                except ValueError as e:
+                    raise InputError(self.path, str(e), row=i, column=o.labels_col) from None
+                if len(row["reference_labels"]) != len(steps):
+                    raise InputError(self.path, f"{len(row['reference_labels'])} labels for {len(steps)} steps",
+                                     row=i, column=o.labels_col)
+            rows.append(row)
+            pairs.append((row["reference_answer"], row["final_answer"]))
+        graded = [(r, p) for r, p in zip(rows, pairs) if r["reference_answer"] is not None]
+        self._grade([r for r, _ in graded], [p for _, p in graded])
+        for (i, obj), r in zip(items, rows):
+            r.setdefault("outcome_correct", None)
+            if o.first_error_col:
+                fe = _need(obj, o.first_error_col, self.path, i)
+                r["reference_first_error"] = fe if isinstance(fe, int) and not isinstance(fe, bool) else None
+                r["reference_status"] = first_error_status(r["outcome_correct"], fe, len(r["steps"]))
+                if r["reference_status"] != "ok":
+                    self.count("reference_inconsistent")
+        return rows, TRAJ_SCHEMA_WITH_REFS
+
+
+def _norm(text: str) -> str:
+    return " ".join(str(text).split()).lower()
+
+
+def _problem_key(text: str) -> str:
+    import hashlib
+
+    return hashlib.sha256(_norm(text).encode()).hexdigest()[:12]
+
+
+def ingest(fmt: str, path: str | Path, out: str | Path, opts: IngestOptions, checker, checker_settings: dict) -> dict:
+    """Read ``path`` in format ``fmt`` and write the shard ``out`` with its manifest.
+
+    Returns the manifest. Raises :class:`InputError` on bad input (naming file, row and column);
+    nothing is written then.
+    """
+    path, out = Path(path), Path(out)
+    if fmt not in FORMATS:
+        raise InputError(path, f"unknown format {fmt!r} (choose {', '.join(FORMATS)})")
+    if not path.exists():
+        raise InputError(path, "no such file")
+    ing = Ingester(fmt, path, opts, checker)
+    rows, schema = ing.rows()
+    opt_doc = {k: v for k, v in vars(opts).items() if v not in (None, (), {}, "")}
+    manifest = {"stage": "ingest", "stepkit_version": __version__,
+                "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "config": {"format": fmt, "options": opt_doc, "grader": checker_settings},
+                "input": {"path": str(path), "sha256": file_sha256(path)},
+                "counts": {"rows": len(rows), **ing.counts}}
+    write_shard(out, rows, schema, manifest)
+    return manifest

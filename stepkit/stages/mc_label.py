@@ -1,0 +1,273 @@
+"""``mc-label``: Monte Carlo (MC) continuation estimates of the value of every step prefix.
+
+Method (Math-Shepherd, Wang et al. 2024; PAV "Rewarding Progress", Setlur et al. 2024; OmegaPRM,
+Luo et al. 2024). For a solution with M steps:
+
+* the value after step i (i = 1..M-1) is estimated from K continuations of the prefix ``steps[:i]``:
+  ``v_i = successes / (rollouts - truncated)`` (continuations cut off by ``max_tokens`` are excluded
+  from the denominator and reported, never counted as wrong);
+* the value after the last step, ``v_M``, is the graded outcome itself (1.0 / 0.0, no continuations);
+* ``v_0`` (``mc_value_start``) comes from K continuations of the bare problem.
+
+Per step s = 0..M-1 (the step that ends prefix i = s + 1) the row gets list columns with one entry per
+step: ``mc_rollouts``, ``mc_successes``, ``mc_truncated`` (counts), ``mc_value`` (soft label, null when not
+estimated or all truncated), ``mc_label`` (hard label: value > 0, Math-Shepherd's hard estimation),
+``mc_estimated`` (the value is known: continuations were run, or it is the graded last step),
+``mc_progress`` (``v_i - v_{i-1}``, PAV's progress/advantage). Per row: ``mc_value_start``,
+``mc_first_error`` (ProcessBench convention: 0-based index of the first step whose value is 0, -1 if
+none) and ``mc_status``:
+
+* ``ok``;
+* ``no_signal``: no continuation from any prefix succeeded, so the completer cannot solve the problem
+  and the labels carry no information: ``mc_label`` and ``mc_first_error`` are null (never "step 0 is
+  wrong"); counts and values are kept.
+
+Modes:
+
+* ``exhaustive``: every prefix, K * M continuations per row.
+* ``binary``: OmegaPRM's binary search for the first error, assuming values do not recover once they
+  reach 0. A row with a correct outcome has no first error under that assumption (no search); for an
+  incorrect one the search over prefixes 1..M (``v_M = 0`` known) takes at most ceil(log2 M) probes, so
+  a row costs at most K * (ceil(log2 M) + 1) continuations including ``v_0``. Steps that were not
+  estimated have null value/progress, ``mc_estimated`` false, and a label inferred from the search
+  (true before the first error, false from it on).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from stepkit.engines.base import Engine, Request, SamplingConfig
+from stepkit.grading.answers import extract_final_answer
+from stepkit.prompts import CONTINUATION, PromptTemplate, render_continuation
+from stepkit.runner import Stage
+from stepkit.schema import LABELER_REQUIRED, MC_FIELDS, check_steps, extend_schema
+
+MODES = ("exhaustive", "binary")
+
+
+@dataclass
+class PrefixEstimate:
+    """Counts of the K continuations of one prefix."""
+
+    rollouts: int = 0
+    successes: int = 0
+    truncated: int = 0
+
+    @property
+    def value(self) -> float | None:
+        """``successes / (rollouts - truncated)``, or None when every continuation was truncated."""
+        graded = self.rollouts - self.truncated
+        return self.successes / graded if graded > 0 else None
+
+
+class FirstErrorSearch:
+    """OmegaPRM's binary search for the first prefix whose MC value is 0.
+
+    Prefix lengths are 1..M; ``v_M`` is the outcome. With an incorrect outcome the first zero lies in
+    [1, M]; ``next_probe`` returns the prefix length to estimate next, or None when the search is done.
+    A probe whose value is unknown (all continuations truncated) counts as non-zero.
+    """
+
+    def __init__(self, n_steps: int, outcome_correct: bool):
+        self.lo, self.hi = 1, n_steps
+        self.done = bool(outcome_correct)  # no error to search for under the no-recovery assumption
+
+    def next_probe(self) -> int | None:
+        if self.done or self.lo >= self.hi:
+            return None
+        return (self.lo + self.hi) // 2
+
+    def observe(self, i: int, value: float | None) -> None:
+        if value is not None and value == 0:
+            self.hi = i
+        else:
+            self.lo = i + 1
+
+
+def label_row(n_steps: int, outcome_correct: bool, est: dict[int, PrefixEstimate], mode: str) -> dict[str, Any]:
+    """The ``mc_*`` columns of one row from its prefix estimates.
+
+    Args:
+        n_steps: M >= 1.
+        outcome_correct: the graded outcome (gives ``v_M``).
+        est: prefix length i (0 <= i < M) -> counts of its continuations; ``est[0]`` is ``v_0``.
+        mode: ``exhaustive`` or ``binary`` (changes how unestimated steps are labelled).
+    """
+    values: list[float | None] = []
+    estimated: list[bool] = []
+    for i in range(1, n_steps + 1):
+        if i == n_steps:
+            values.append(1.0 if outcome_correct else 0.0)
+            estimated.append(True)
+        else:
+            v = est[i].value if i in est else None
+            values.append(v)
+            estimated.append(v is not None)
+    first_error = next((s for s in range(n_steps) if estimated[s] and values[s] == 0), -1)
+    labels: list[bool | None] = []
+    for s in range(n_steps):
+        if estimated[s]:
+            labels.append(values[s] > 0)
+        elif mode == "binary":
+            labels.append(first_error == -1 or s < first_error)  # inferred from the search
+        else:
+            labels.append(None)
+    start = est[0].value if 0 in est else None
+    prev = [start] + values[:-1]
+    progress = [None if (a is None or b is None) else b - a for a, b in zip(prev, values)]
+    graded = [e for e in est.values() if e.rollouts > e.truncated]
+    status = "no_signal" if graded and sum(e.successes for e in est.values()) == 0 else "ok"
+    if status == "no_signal":
+        labels, first_error = [None] * n_steps, None
+    return {
+        "mc_rollouts": [est[i].rollouts if i in est else 0 for i in range(1, n_steps + 1)],
+        "mc_successes": [est[i].successes if i in est else 0 for i in range(1, n_steps + 1)],
+        "mc_truncated": [est[i].truncated if i in est else 0 for i in range(1, n_steps + 1)],
+        "mc_value": values,
+        "mc_label": labels,
+        "mc_estimated": estimated,
+        "mc_progress": progress,
+        "mc_value_start": start,
+        "mc_first_error": first_error,
+        "mc_status": status,
+    }
+
+
+_EMPTY = {f.name: None for f in MC_FIELDS}
+
+
+class MCLabelStage(Stage):
+    """The ``mc-label`` stage (see the module docstring for the method).
+
+    Args:
+        engine_factory: builds the engine (called once, only if there is work).
+        engine_config: JSON-able description of the engine choice (name, model, options) for the
+            configuration identity; computed without loading the model.
+        k: continuations per prefix (K >= 1).
+        mode: ``exhaustive`` or ``binary``.
+        sampling: explicit sampling parameters.
+        checker_factory: builds the answer checker (:class:`stepkit.grading.verify.AnswerChecker`).
+        grader_settings: the checker's pinned settings, for the configuration identity.
+        template: the continuation prompt template.
+    """
+
+    name = "mc-label"
+    required_columns = LABELER_REQUIRED
+    default_chunk_size = 16
+
+    def __init__(self, engine_factory: Callable[[], Engine], engine_config: dict[str, Any], k: int,
+                 mode: str, sampling: SamplingConfig, checker_factory: Callable[[], Any],
+                 grader_settings: dict[str, Any], template: PromptTemplate = CONTINUATION):
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        if k < 1:
+            raise ValueError(f"continuations must be >= 1, got {k}")
+        self.engine_factory, self.engine_config = engine_factory, engine_config
+        self.k, self.mode, self.sampling, self.template = k, mode, sampling, template
+        self.checker_factory, self.grader_settings = checker_factory, grader_settings
+        self.engine: Engine | None = None
+        self.checker = None
+
+    # -- runner interface -------------------------------------------------------------------------
+    def config(self) -> dict[str, Any]:
+        return {"engine": self.engine_config, "continuations": self.k, "mode": self.mode,
+                "sampling": self.sampling.to_dict(),
+                "prompt_template": {"version": self.template.version, "hash": self.template.hash()},
+                "grader": self.grader_settings}
+
+    def output_schema(self, input_schema):
+        return extend_schema(input_schema, MC_FIELDS)
+
+    def validate(self, rows, path, first_row):
+        check_steps(rows, path, first_row)
+
+    def open(self):
+        self.engine = self.engine_factory()
+        self.checker = self.checker_factory()
+
+    def close(self):
+        for x in (self.checker, self.engine):
+            if x is not None:
+                x.close()
+
+    def provenance(self):
+        return {"engine": self.engine.describe() if self.engine else None}
+
+    def tokens_generated(self) -> int:
+        return self.engine.stats.generated_tokens if self.engine else 0
+
+    # -- the method ---------------------------------------------------------------------------------
+    def process(self, rows: list[dict]) -> tuple[list[dict], dict[str, int]]:
+        counters = {"continuations": 0, "truncated": 0, "successes": 0, "prefixes_estimated": 0,
+                    "no_signal": 0}
+        todo = []
+        out = []
+        for row in rows:
+            row = {**row, **_EMPTY}
+            err = _row_problem(row)
+            if err:
+                row["error"] = f"mc-label: {err}"
+            else:
+                todo.append(row)
+            out.append(row)
+        est: dict[int, dict[int, PrefixEstimate]] = {id(r): {} for r in todo}
+        if self.mode == "exhaustive":
+            self._estimate([(r, i) for r in todo for i in range(len(r["steps"]))], est, counters)
+        else:
+            searches = {id(r): FirstErrorSearch(len(r["steps"]), r["outcome_correct"]) for r in todo}
+            wanted = [(r, 0) for r in todo]
+            while wanted:
+                self._estimate(wanted, est, counters)
+                wanted = []
+                for r in todo:
+                    s = searches[id(r)]
+                    for i, e in est[id(r)].items():
+                        if i > 0 and i == s.next_probe():
+                            s.observe(i, e.value)
+                    p = s.next_probe()
+                    if p is not None and p not in est[id(r)]:
+                        wanted.append((r, p))
+        for r in todo:
+            if r.get("error"):
+                continue
+            r.update(label_row(len(r["steps"]), r["outcome_correct"], est[id(r)], self.mode))
+            counters["no_signal"] += r["mc_status"] == "no_signal"
+        return out, counters
+
+    def _estimate(self, wanted: list[tuple[dict, int]], est, counters) -> None:
+        """Run K continuations for each (row, prefix length) and record graded counts in ``est``."""
+        if not wanted:
+            return
+        reqs = [Request(render_continuation(self.engine, r["prompt"], r["steps"], r.get("step_separator") or "\n",
+                                            i, self.template), self.k) for r, i in wanted]
+        results = self.engine.generate(reqs, self.sampling)
+        pairs, where = [], []
+        for (r, i), comps in zip(wanted, results):
+            e = est[id(r)].setdefault(i, PrefixEstimate())
+            for c in comps:
+                e.rollouts += 1
+                if c.finish_reason == "error":
+                    r["error"] = f"mc-label: engine: {c.text}"
+                elif c.truncated:
+                    e.truncated += 1
+                    counters["truncated"] += 1
+                else:
+                    pairs.append((r["reference_answer"], extract_final_answer(c.text)))
+                    where.append(e)
+            counters["continuations"] += len(comps)
+            counters["prefixes_estimated"] += 1
+        for e, ok in zip(where, self.checker.check_many(pairs)):
+            if ok:
+                e.successes += 1
+                counters["successes"] += 1
+
+
+def _row_problem(row: dict) -> str | None:
+    """Why a row cannot be labelled (it is kept with an ``error``), or None."""
+    if not row.get("reference_answer"):
+        return "no reference_answer (mc-label grades continuations against it)"
+    if row.get("outcome_correct") is None:
+        return "outcome_correct is null (the value after the last step is the graded outcome)"
+    return None
