@@ -109,19 +109,23 @@ def _sampling(temperature, top_p, max_tokens, seed, stop):
 
 
 def _print_results(results, title):
+    """Summary table at the end of a run: one column per shard, one row per figure."""
     from rich.console import Console
     from rich.table import Table
 
     t = Table(title=title)
-    for c in ("shard", "status", "rows", "errors", "resumed chunks", "tokens", "tok/s", "seconds"):
-        t.add_column(c, justify="right" if c not in ("shard", "status") else "left")
-    extra = sorted({k for r in results for k in r.counters if k != "errors"})
-    for k in extra:
-        t.add_column(k, justify="right")
+    t.add_column("")
     for r in results:
-        tps = f"{r.tokens / r.seconds:.0f}" if r.seconds > 0 and r.tokens else "-"
-        t.add_row(str(r.output), r.status, str(r.rows), str(r.errors), f"{r.resumed_chunks}/{r.chunks}",
-                  str(r.tokens), tps, f"{r.seconds:.1f}", *[str(r.counters.get(k, "")) for k in extra])
+        t.add_column(r.output.name, justify="right")
+    rows = [("status", lambda r: r.status), ("rows", lambda r: r.rows), ("rows with error", lambda r: r.errors),
+            ("chunks resumed / total", lambda r: f"{r.resumed_chunks}/{r.chunks}"),
+            ("tokens generated (this run)", lambda r: r.tokens),
+            ("tokens/s", lambda r: f"{r.tokens / r.seconds:.0f}" if r.seconds > 0 and r.tokens else "-"),
+            ("seconds (this run)", lambda r: f"{r.seconds:.1f}")]
+    for k in sorted({k for r in results for k in r.counters if k != "errors"}):
+        rows.append((k.replace("_", " "), lambda r, k=k: r.counters.get(k, "")))
+    for name, fn in rows:
+        t.add_row(name, *[str(fn(r)) for r in results])
     Console(stderr=True).print(t)
 
 

@@ -130,7 +130,7 @@ def _mc_tables(rows, console, figs):
     console.print(h)
     s = Table(title="MC labelling", show_header=False)
     s.add_row("status", ", ".join(f"{k}: {v}" for k, v in status.items()))
-    s.add_row("continuations", str(cont))
+    s.add_row("continuations from step prefixes (v0 excluded)", str(cont))
     s.add_row("truncated (excluded from values)", str(trunc))
     figs["continuations"], figs["truncated"] = cont, trunc
     console.print(s)

@@ -142,8 +142,9 @@ def run_stage(stage: Stage, in_path: str | os.PathLike, out_path: str | os.PathL
                 if done.get("identity", {}).get("config_hash") == ident["config_hash"]:
                     results.append(ShardResult(shard, out, "up to date", rows=done.get("counts", {}).get("rows", 0)))
                     continue
+                old = {**done.get("identity", {}), "config": done.get("config", {})}
                 raise ConfigError(f"{out}: exists from a different configuration "
-                                  f"({_describe_change(done.get('identity', {}), ident)}); use --force to redo it")
+                                  f"({_describe_change(old, ident)}); use --force to redo it")
             if not opened:
                 stage.open()
                 opened = True
@@ -231,7 +232,7 @@ def _run_shard(stage, shard, out, in_schema, n_rows, ident, chunk_size, force, m
         "stage": stage.name,
         "stepkit_version": __version__,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "identity": ident,
+        "identity": {k: v for k, v in ident.items() if k != "config"},
         "config": ident["config"],
         "provenance": stage.provenance(),
         "input": {"path": str(shard), "sha256": ident["input_sha256"], "rows": n_rows,
@@ -239,6 +240,7 @@ def _run_shard(stage, shard, out, in_schema, n_rows, ident, chunk_size, force, m
         "output": {"path": str(out), "rows": result.rows},
         "counts": {"rows": result.rows, **totals, "error_reasons": reasons},
         "run": {"chunk_size": chunk_size, "chunks": n_chunks, "resumed_chunks": result.resumed_chunks,
+                "chunks_this_run": n_chunks - result.resumed_chunks,
                 "seconds_this_run": round(result.seconds, 2), "tokens_this_run": result.tokens,
                 "rank": rank, "world_size": world_size},
     }
