@@ -254,8 +254,8 @@ def models_list():
     """List bundled models and whether they are prepared."""
     from stepkit.models import list_models
 
-    for name, info in list_models().items():
-        click.echo(f"{name}\t{info}")
+    for m in list_models():
+        click.echo(f"{m['name']}\t{'prepared' if m['prepared'] else 'not prepared'}\t{m['path']}\t{m['description']}")
 
 
 if __name__ == "__main__":

@@ -18,8 +18,8 @@ estimated or all truncated), ``mc_label`` (hard label: value > 0, Math-Shepherd'
 none) and ``mc_status``:
 
 * ``ok``;
-* ``no_signal``: no continuation from any prefix succeeded, so the completer cannot solve the problem
-  and the labels carry no information: ``mc_label`` and ``mc_first_error`` are null (never "step 0 is
+* ``no_signal``: no continuation from any prefix succeeded (all failed or were truncated), so the
+  completer cannot solve the problem and the labels carry no information: ``mc_label`` and ``mc_first_error`` are null (never "step 0 is
   wrong"); counts and values are kept.
 
 Modes:
@@ -117,8 +117,8 @@ def label_row(n_steps: int, outcome_correct: bool, est: dict[int, PrefixEstimate
     start = est[0].value if 0 in est else None
     prev = [start] + values[:-1]
     progress = [None if (a is None or b is None) else b - a for a, b in zip(prev, values)]
-    graded = [e for e in est.values() if e.rollouts > e.truncated]
-    status = "no_signal" if graded and sum(e.successes for e in est.values()) == 0 else "ok"
+    # No continuation succeeded (all failed or were truncated): the completer gives no information.
+    status = "no_signal" if est and sum(e.successes for e in est.values()) == 0 else "ok"
     if status == "no_signal":
         labels, first_error = [None] * n_steps, None
     return {

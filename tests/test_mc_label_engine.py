@@ -1,0 +1,115 @@
+"""mc-label against the real vLLM engine (CPU) with the bundled model, on real GSM8K solutions.
+
+SmolLM2-135M solves few problems, so these tests check structure, counts and invariants, not skill.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pyarrow.parquet as pq
+import pytest
+
+from stepkit.engines.base import SamplingConfig
+from stepkit.grading.verify import checker_settings
+from stepkit.prompts import DEFAULT_STOP
+from stepkit.runner import run_stage
+from stepkit.stages.ingest import IngestOptions, ingest
+from stepkit.stages.mc_label import MCLabelStage
+from tests.conftest import DATA
+
+pytestmark = pytest.mark.engine
+LIST_COLUMNS = ("mc_rollouts", "mc_successes", "mc_truncated", "mc_value", "mc_label", "mc_estimated", "mc_progress")
+
+
+@pytest.fixture(scope="module")
+def solutions(tmp_path_factory, checker):
+    out = tmp_path_factory.mktemp("sol") / "solutions.parquet"
+    ingest("gsm8k-solutions", DATA / "gsm8k" / "example_model_solutions.jsonl", out,
+           IngestOptions(limit=3, generators=("175b_verification",)), checker, checker_settings())
+    return out
+
+
+def check_rows(rows, k):
+    for r in rows:
+        m = len(r["steps"])
+        assert r["error"] is None
+        for col in LIST_COLUMNS:
+            assert len(r[col]) == m, (r["id"], col)
+        assert all(0 <= s <= n for s, n in zip(r["mc_successes"], r["mc_rollouts"]))
+        assert all(t <= n for t, n in zip(r["mc_truncated"], r["mc_rollouts"]))
+        assert r["mc_rollouts"][-1] == 0 and r["mc_value"][-1] == (1.0 if r["outcome_correct"] else 0.0)
+        assert r["mc_status"] in ("ok", "no_signal")
+        if r["mc_status"] == "ok" and not r["outcome_correct"]:
+            assert 0 <= r["mc_first_error"] < m
+
+
+def test_cli_end_to_end_on_three_real_solutions(solutions, tmp_path):
+    """The whole command in its own process, as a user runs it (this test loads the model once)."""
+    out = tmp_path / "labeled.parquet"
+    p = subprocess.run([sys.executable, "-m", "stepkit.cli", "mc-label", str(solutions), str(out),
+                        "--model", "smollm2-135m", "-k", "2", "--max-tokens", "96", "--no-progress"],
+                       capture_output=True, text=True, timeout=900, env={**os.environ})
+    assert p.returncode == 0, p.stderr[-3000:]
+    rows = pq.read_table(out).to_pylist()
+    assert [r["id"] for r in rows] == [f"gsm8k-test-{i}:175b_verification" for i in range(3)]
+    check_rows(rows, 2)
+    for r in rows:  # exhaustive: K continuations for every prefix but the last (the outcome)
+        assert r["mc_rollouts"] == [2] * (len(r["steps"]) - 1) + [0]
+    m = json.loads((tmp_path / "labeled.manifest.json").read_text())
+    assert m["config"]["engine"]["enable_prefix_caching"] is True
+    assert m["provenance"]["engine"]["engine"] == "vllm" and m["provenance"]["engine"]["vllm_version"]
+    assert m["counts"]["continuations"] == sum(2 * len(r["steps"]) for r in rows)  # incl. v0
+    assert m["config"]["sampling"]["max_tokens"] == 96
+
+
+@pytest.fixture(scope="module")
+def engine():
+    from stepkit.engines.vllm_engine import VLLMEngine
+
+    e = VLLMEngine("smollm2-135m", seed=0)
+    yield e
+    e.close()
+
+
+class KeepOpen(MCLabelStage):
+    def close(self):
+        pass
+
+
+def stage(engine, checker, mode, k=2, max_tokens=96):
+    return KeepOpen(lambda: engine, {"name": "vllm", "model": "smollm2-135m"}, k, mode,
+                    SamplingConfig(temperature=0.8, max_tokens=max_tokens, stop=DEFAULT_STOP),
+                    lambda: checker, checker_settings())
+
+
+def test_truncated_continuations_are_counted_not_wrong(engine, checker, solutions, tmp_path):
+    """vllm-default-max-tokens-16 on the real engine: with a tiny budget every continuation ends with
+    finish_reason 'length'; they are all reported as truncated and none is graded as wrong."""
+    out = tmp_path / "t.parquet"
+    (res,) = run_stage(stage(engine, checker, "exhaustive", max_tokens=3), solutions, out, progress=False)
+    rows = pq.read_table(out).to_pylist()
+    check_rows(rows, 2)
+    for r in rows:
+        assert r["mc_truncated"][:-1] == r["mc_rollouts"][:-1]
+        assert r["mc_value"][:-1] == [None] * (len(r["steps"]) - 1)
+        assert r["mc_status"] == "no_signal" and r["mc_first_error"] is None
+    assert res.counters["truncated"] == res.counters["continuations"]
+
+
+def test_binary_mode_budget_on_real_engine(engine, checker, solutions, tmp_path):
+    out = tmp_path / "b.parquet"
+    (res,) = run_stage(stage(engine, checker, "binary", k=2), solutions, out, progress=False)
+    rows = pq.read_table(out).to_pylist()
+    check_rows(rows, 2)
+    for r in rows:
+        m = len(r["steps"])
+        spent = sum(r["mc_rollouts"]) + 2  # + v0
+        assert spent <= 2 * (math.ceil(math.log2(m)) + 1), r["id"]
+        if r["outcome_correct"]:
+            assert r["mc_estimated"] == [False] * (m - 1) + [True]
+    assert res.counters["continuations"] == sum(sum(r["mc_rollouts"]) + 2 for r in rows)
