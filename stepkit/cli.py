@@ -214,6 +214,64 @@ def mc_label(inp, out, continuations, mode, stop, model, engine, base_url, tempe
 
 
 @main.command()
+@click.argument("problems", type=click.Path())
+@click.argument("out", type=click.Path())
+@click.option("--samples", "-n", type=click.IntRange(1), default=None, help="N solutions per problem [default: 4].")
+@click.option("--recipe", type=click.Path(exists=True, dir_okay=False),
+              help="YAML recipe with prompt and sampling settings (flags override it); see recipes/.")
+@click.option("--instruction", default=None, help="Answer-format instruction placed before the problem.")
+@click.option("--system-prompt", default=None, help="Optional system message.")
+@click.option("--fewshot", type=click.IntRange(0), default=None, help="Number of few-shot exemplars.")
+@click.option("--fewshot-file", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="Problems shard (with reference_steps) to take the exemplars from; use problems disjoint "
+                   "from PROBLEMS.")
+@click.option("--split", default=None, help="How to split generated text into steps [default: newline].")
+@click.option("--stop", multiple=True, help="Stop string(s).")
+@engine_options
+@runner_options
+def rollout(problems, out, samples, recipe, instruction, system_prompt, fewshot, fewshot_file, split, stop, model,
+            engine, base_url, temperature, top_p, max_tokens, seed, max_model_len, no_prefix_caching,
+            tensor_parallel_size, concurrency, chunk_size, force, rank, world_size, max_error_rate, progress):
+    """Sample N solutions per problem of PROBLEMS (a problems shard from `ingest gsm8k`) into OUT.
+
+    Each sample becomes a trajectory row (steps, final answer, graded outcome); samples cut off by
+    --max-tokens are kept with rollout_finish_reason 'length' and left ungraded.
+    """
+    from stepkit.grading.verify import AnswerChecker, checker_settings
+    from stepkit.runner import run_stage
+    from stepkit.stages.rollout import DEFAULT_INSTRUCTION, RolloutPrompt, RolloutStage, fewshot_from_problems, load_recipe
+
+    ctx = click.get_current_context()
+    doc = load_recipe(recipe) if recipe else {}
+
+    def pick(name, value, default):
+        """Flag if given on the command line, else recipe, else default."""
+        src = ctx.get_parameter_source(name)
+        if value is not None and src is not None and src.name == "COMMANDLINE":
+            return value
+        return doc.get(name, default if value is None else value)
+
+    k = pick("fewshot", fewshot, 0)
+    shots_file = fewshot_file or doc.get("fewshot_file")
+    if k and not shots_file:
+        raise click.UsageError("--fewshot needs --fewshot-file (or fewshot_file in the recipe)")
+    prompt = RolloutPrompt(instruction=pick("instruction", instruction, DEFAULT_INSTRUCTION),
+                           system=system_prompt if system_prompt is not None else doc.get("system"),
+                           fewshot=fewshot_from_problems(shots_file, k) if k else (),
+                           split=pick("split", split, "newline"))
+    stops = tuple(stop) or tuple(doc.get("stop", ()))
+    sampling = _sampling(pick("temperature", temperature, 0.8), pick("top_p", top_p, 1.0),
+                         pick("max_tokens", max_tokens, 256), seed, stops)
+    factory, ident = _engine_setup(engine, model, base_url, seed, max_model_len, no_prefix_caching,
+                                   tensor_parallel_size, concurrency)
+    stage = RolloutStage(factory, ident, pick("samples", samples, 4), sampling, prompt, AnswerChecker,
+                         checker_settings(), generator=model)
+    results = run_stage(stage, problems, out, chunk_size=chunk_size, force=force, rank=rank,
+                        world_size=world_size, max_error_rate=max_error_rate, progress=progress)
+    _print_results(results, "rollout")
+
+
+@main.command()
 @click.argument("shard", type=click.Path())
 def stats(shard):
     """Summary of a shard: rows, steps, outcome accuracy, value by step position, first errors, errors."""

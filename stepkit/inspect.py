@@ -10,6 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from stepkit.errors import InputError
+from stepkit.schema import error_reason
 from stepkit.shards import list_shards, read_manifest, read_rows
 
 
@@ -53,8 +54,7 @@ def print_stats(shard, console: Console | None = None) -> dict:
         if both:
             agree = sum(r["source_outcome_correct"] == r["outcome_correct"] for r in both)
             t.add_row("outcome agrees with source file", f"{agree}/{len(both)}")
-    errors = Counter((r.get("error") or "").split(":", 2)[1].strip() if (r.get("error") or "").count(":") >= 2
-                     else r.get("error") for r in rows if r.get("error"))
+    errors = Counter(error_reason(r["error"]) for r in rows if r.get("error"))
     figs["errors"] = dict(errors)
     t.add_row("rows with error", str(sum(errors.values())))
     console.print(t)

@@ -33,7 +33,7 @@ import pyarrow as pa
 
 from stepkit import __version__
 from stepkit.errors import ConfigError, StepkitError
-from stepkit.schema import check_columns
+from stepkit.schema import check_columns, error_reason
 from stepkit.shards import (config_hash, file_sha256, iter_row_chunks, list_shards, manifest_path,
                             open_parquet, output_path, read_manifest, rows_to_table, select_shards,
                             write_json, write_table)
@@ -45,6 +45,7 @@ class Stage:
     name = "stage"
     required_columns: tuple[str, ...] = ()
     default_chunk_size = 16
+    one_to_one = True  # False for stages that emit several rows per input row (rollout)
 
     def config(self) -> dict[str, Any]:
         """Everything that changes the output, computable without loading a model."""
@@ -54,7 +55,10 @@ class Stage:
         return input_schema
 
     def validate(self, rows: list[dict], path: Path, first_row: int) -> None:
-        """Raise :class:`stepkit.errors.InputError` for bad input rows (before any generation)."""
+        """Raise :class:`stepkit.errors.InputError` for bad input rows (before any generation).
+
+        ``rows`` hold the required columns, plus ``error`` when the shard has one (rows that already
+        failed upstream pass through unlabelled and need not be valid)."""
 
     def open(self) -> None:
         """Load models; called once, only if some chunk has work to do."""
@@ -128,7 +132,8 @@ def run_stage(stage: Stage, in_path: str | os.PathLike, out_path: str | os.PathL
         pf = open_parquet(shard)
         schema = pf.schema_arrow
         check_columns(schema, stage.required_columns, shard)
-        for first, rows in iter_row_chunks(shard, 1024, columns=list(stage.required_columns) or None):
+        columns = list(stage.required_columns) + (["error"] if "error" in schema.names else [])
+        for first, rows in iter_row_chunks(shard, 1024, columns=columns or None):
             stage.validate(rows, shard, first)
         plans.append((shard, output_path(shard, in_path, out_path), schema, pf.metadata.num_rows))
 
@@ -197,7 +202,7 @@ def _run_shard(stage, shard, out, in_schema, n_rows, ident, chunk_size, force, m
                 continue
             _log(parts, event="chunk_start", chunk=i)
             out_rows, counters = stage.process(rows)
-            if len(out_rows) != len(rows):
+            if stage.one_to_one and len(out_rows) != len(rows):
                 raise StepkitError(f"{stage.name}: internal error, chunk {i} returned {len(out_rows)} rows for {len(rows)}")
             part = parts / f"part-{i:05d}.parquet"
             write_table(part, rows_to_table(out_rows, out_schema))
@@ -220,8 +225,7 @@ def _run_shard(stage, shard, out, in_schema, n_rows, ident, chunk_size, force, m
         tables.append(t)
         for err in t.column("error").to_pylist() if "error" in t.column_names else []:
             if err:
-                key = err.split(":", 2)[1].strip() if err.count(":") >= 2 else err
-                reasons[key] = reasons.get(key, 0) + 1
+                reasons[error_reason(err)] = reasons.get(error_reason(err), 0) + 1
     table = pa.concat_tables(tables) if tables else rows_to_table([], out_schema)
     result.rows, result.errors, result.counters = table.num_rows, totals.get("errors", 0), totals
     if result.rows and result.errors / result.rows > max_error_rate:

@@ -114,9 +114,13 @@ def _stringish(t: pa.DataType) -> bool:
 def check_steps(rows: list[dict], path, first_row: int = 0) -> None:
     """Raise :class:`InputError` for the first row whose ``steps`` is null, empty or has an empty step.
 
+    Rows that carry an ``error`` from an earlier stage are skipped (they pass through unlabelled).
+
     ``first_row`` is the 0-based index of ``rows[0]`` in the file, so the message names the file row.
     """
     for i, row in enumerate(rows):
+        if row.get("error"):  # failed upstream: passed through, not labelled
+            continue
         steps = row.get("steps")
         if steps is None:
             raise InputError(path, "steps is null", row=first_row + i, column="steps")
@@ -125,3 +129,9 @@ def check_steps(rows: list[dict], path, first_row: int = 0) -> None:
         for k, s in enumerate(steps):
             if s is None or not s.strip():
                 raise InputError(path, f"step {k} is empty", row=first_row + i, column="steps")
+
+
+def error_reason(error: str) -> str:
+    """The reason part of an ``error`` value ``"<stage>: <reason>[: <detail>]"``, for counting by reason."""
+    parts = error.split(": ")
+    return parts[1] if len(parts) > 1 else error

@@ -18,6 +18,9 @@ estimated or all truncated), ``mc_label`` (hard label: value > 0, Math-Shepherd'
 none) and ``mc_status``:
 
 * ``ok``;
+* ``ungraded``: the row has no graded outcome (``outcome_correct`` null, e.g. a rollout cut off by
+  ``max_tokens``), so it is passed through unlabelled; rows with an ``error`` from an earlier stage
+  are passed through too;
 * ``no_signal``: no continuation from any prefix succeeded (all failed or were truncated), so the
   completer cannot solve the problem and the labels carry no information: ``mc_label`` and ``mc_first_error`` are null (never "step 0 is
   wrong"); counts and values are kept.
@@ -201,13 +204,17 @@ class MCLabelStage(Stage):
     # -- the method ---------------------------------------------------------------------------------
     def process(self, rows: list[dict]) -> tuple[list[dict], dict[str, int]]:
         counters = {"continuations": 0, "truncated": 0, "successes": 0, "prefixes_estimated": 0,
-                    "no_signal": 0}
+                    "no_signal": 0, "ungraded": 0}
         todo = []
         out = []
         for row in rows:
             row = {**row, **_EMPTY}
-            err = _row_problem(row)
-            if err:
+            if row.get("error"):
+                pass  # failed upstream: passed through unlabelled
+            elif row.get("outcome_correct") is None and row.get("reference_answer"):
+                row["mc_status"] = "ungraded"  # e.g. a rollout cut off by max_tokens: no outcome to anchor v_M
+                counters["ungraded"] += 1
+            elif err := _row_problem(row):
                 row["error"] = f"mc-label: {err}"
             else:
                 todo.append(row)

@@ -1,0 +1,218 @@
+"""``rollout``: sample N solutions per problem, split them into steps, extract and grade the answer.
+
+Input: a problems shard (``problem_id``, ``source``, ``prompt``, ``reference_answer``). Output: one
+trajectory row per sample (``../shared/design.md``, "Record schema"), id ``<problem_id>:r<j>``, plus
+``rollout_finish_reason`` (``stop``/``length``/``error``), ``rollout_prompt_tokens`` and
+``rollout_completion_tokens``. A sample cut off by ``max_tokens`` is kept and marked
+(``rollout_finish_reason = "length"``, ``outcome_correct`` null): it is not graded as wrong, and
+``mc-label`` passes it through as ``ungraded``. A sample with no step at all keeps an ``error``.
+
+The prompt is a :class:`RolloutPrompt`: optional system message, few-shot exemplars (real solved
+problems, as earlier user/assistant turns) and the user message with an answer-format instruction; by
+default it asks for one step per line and a final "The answer is N." line.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import pyarrow as pa
+
+from stepkit.engines.base import Engine, Request, SamplingConfig
+from stepkit.errors import ConfigError
+from stepkit.grading.answers import extract_final_answer
+from stepkit.grading.steps import split_steps
+from stepkit.runner import Stage
+from stepkit.schema import REFERENCE_FIELDS, ROLLOUT_FIELDS, TRAJECTORY_FIELDS
+from stepkit.shards import config_hash
+
+DEFAULT_INSTRUCTION = ("Solve the math problem step by step. Write one step per line, then a last line "
+                       "'The answer is N.'")
+
+
+@dataclass(frozen=True)
+class RolloutPrompt:
+    """How rollout prompts are built (hashed into the manifest).
+
+    Attributes:
+        instruction: answer-format instruction placed before the problem.
+        system: optional system message.
+        fewshot: exemplars, each ``{"problem": str, "steps": [str], "answer": str}``; rendered as
+            earlier user/assistant turns, the assistant's steps one per line and "The answer is N.".
+        split: how generated text is split into steps (see :func:`stepkit.grading.steps.split_steps`).
+    """
+
+    instruction: str = DEFAULT_INSTRUCTION
+    system: str | None = None
+    fewshot: tuple[dict, ...] = ()
+    split: str = "newline"
+    version: str = "rollout-v1"
+
+    def user(self, problem: str) -> str:
+        return f"{self.instruction}\n\nProblem: {problem}"
+
+    def messages(self, problem: str) -> list[dict[str, str]]:
+        msgs = [{"role": "system", "content": self.system}] if self.system else []
+        for ex in self.fewshot:
+            msgs.append({"role": "user", "content": self.user(ex["problem"])})
+            msgs.append({"role": "assistant", "content": "\n".join(ex["steps"]) + f"\nThe answer is {ex['answer']}."})
+        msgs.append({"role": "user", "content": self.user(problem)})
+        return msgs
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "fewshot": list(self.fewshot)}
+
+    def hash(self) -> str:
+        return config_hash(self.to_dict())
+
+
+def fewshot_from_problems(path: str | Path, k: int) -> tuple[dict, ...]:
+    """The first ``k`` problems of a problems shard that have gold steps, as few-shot exemplars.
+
+    Use a shard disjoint from the problems being sampled (e.g. other GSM8K rows).
+
+    Raises:
+        ConfigError: fewer than ``k`` usable rows.
+    """
+    from stepkit.shards import read_rows
+
+    out = []
+    for r in read_rows(Path(path)):
+        if r.get("reference_steps") and r.get("reference_answer"):
+            out.append({"problem": r["prompt"], "steps": list(r["reference_steps"]), "answer": r["reference_answer"]})
+        if len(out) == k:
+            return tuple(out)
+    raise ConfigError(f"{path}: only {len(out)} rows with reference_steps, --fewshot asks for {k}")
+
+
+def load_recipe(path: str | Path) -> dict[str, Any]:
+    """Read a YAML (or JSON) recipe: keys ``instruction``, ``system``, ``fewshot`` (int),
+    ``fewshot_file``, ``split``, ``samples``, ``temperature``, ``top_p``, ``max_tokens``, ``stop``.
+
+    Raises:
+        ConfigError: unreadable file or unknown keys.
+    """
+    import yaml
+
+    known = {"instruction", "system", "fewshot", "fewshot_file", "split", "samples", "temperature", "top_p",
+             "max_tokens", "stop", "description"}
+    try:
+        doc = yaml.safe_load(Path(path).read_text()) or {}
+    except (OSError, yaml.YAMLError) as e:
+        raise ConfigError(f"{path}: cannot read recipe ({str(e).splitlines()[0]})") from None
+    if not isinstance(doc, dict):
+        raise ConfigError(f"{path}: a recipe is a mapping of options")
+    unknown = set(doc) - known
+    if unknown:
+        raise ConfigError(f"{path}: unknown recipe keys {sorted(unknown)} (known: {sorted(known)})")
+    if doc.get("fewshot_file"):  # relative to the recipe file
+        p = Path(doc["fewshot_file"])
+        doc["fewshot_file"] = str(p if p.is_absolute() else (Path(path).parent / p))
+    return doc
+
+
+OUTPUT_SCHEMA = pa.schema(TRAJECTORY_FIELDS + [f for f in REFERENCE_FIELDS if f.name == "reference_steps"]
+                          + ROLLOUT_FIELDS)
+
+
+class RolloutStage(Stage):
+    """The ``rollout`` stage.
+
+    Args:
+        engine_factory: builds the engine (once, only if there is work).
+        engine_config: JSON-able engine choice for the configuration identity.
+        samples: N solutions per problem.
+        sampling: explicit sampling parameters.
+        prompt: the prompt recipe.
+        checker_factory / grader_settings: the answer checker and its pinned settings.
+        generator: the ``generator`` column value (the model name).
+    """
+
+    name = "rollout"
+    required_columns = ("problem_id", "prompt", "reference_answer")
+    default_chunk_size = 32
+    one_to_one = False
+
+    def __init__(self, engine_factory: Callable[[], Engine], engine_config: dict, samples: int,
+                 sampling: SamplingConfig, prompt: RolloutPrompt, checker_factory, grader_settings: dict,
+                 generator: str):
+        if samples < 1:
+            raise ConfigError(f"--samples must be >= 1, got {samples}")
+        self.engine_factory, self.engine_config, self.samples = engine_factory, engine_config, samples
+        self.sampling, self.prompt, self.generator = sampling, prompt, generator
+        self.checker_factory, self.grader_settings = checker_factory, grader_settings
+        self.engine = self.checker = None
+
+    def config(self):
+        return {"engine": self.engine_config, "samples": self.samples, "sampling": self.sampling.to_dict(),
+                "prompt_template": {"version": self.prompt.version, "hash": self.prompt.hash(),
+                                    "recipe": self.prompt.to_dict()},
+                "grader": self.grader_settings}
+
+    def output_schema(self, input_schema):
+        return OUTPUT_SCHEMA
+
+    def validate(self, rows, path, first_row):
+        from stepkit.errors import InputError
+
+        for i, r in enumerate(rows):
+            if not r.get("prompt"):
+                raise InputError(path, "empty prompt", row=first_row + i, column="prompt")
+            if not r.get("problem_id"):
+                raise InputError(path, "empty problem_id", row=first_row + i, column="problem_id")
+
+    def open(self):
+        self.engine = self.engine_factory()
+        self.checker = self.checker_factory()
+
+    def close(self):
+        for x in (self.checker, self.engine):
+            if x is not None:
+                x.close()
+
+    def provenance(self):
+        return {"engine": self.engine.describe() if self.engine else None}
+
+    def tokens_generated(self):
+        return self.engine.stats.generated_tokens if self.engine else 0
+
+    def process(self, rows):
+        prompts = [self.engine.render_chat(self.prompt.messages(r["prompt"])) for r in rows]
+        results = self.engine.generate([Request(p, self.samples) for p in prompts], self.sampling)
+        count = getattr(self.engine, "count_tokens", None)
+        out, pairs, graded = [], [], []
+        counters = {"samples": 0, "truncated": 0, "no_final_answer": 0, "correct": 0}
+        for r, prompt, comps in zip(rows, prompts, results):
+            n_prompt = count(prompt) if count else None
+            for j, c in enumerate(comps):
+                row = {"id": f"{r['problem_id']}:r{j}", "problem_id": r["problem_id"], "source": r.get("source"),
+                       "prompt": r["prompt"], "reference_answer": r.get("reference_answer"),
+                       "reference_steps": r.get("reference_steps"), "generator": self.generator,
+                       "rollout_finish_reason": c.finish_reason, "rollout_prompt_tokens": n_prompt,
+                       "rollout_completion_tokens": c.num_tokens, "error": None, "outcome_correct": None,
+                       "final_answer": None}
+                counters["samples"] += 1
+                if c.finish_reason == "error":
+                    row.update(steps=[], step_separator="\n", error=f"rollout: engine: {c.text}")
+                    out.append(row)
+                    continue
+                steps, sep = split_steps(c.text, self.prompt.split)
+                row.update(steps=steps, step_separator=sep, final_answer=extract_final_answer(c.text))
+                if not steps:
+                    row["error"] = "rollout: empty completion"
+                elif c.truncated:
+                    counters["truncated"] += 1  # kept and marked; not graded as wrong
+                elif row["reference_answer"] is None:
+                    pass  # nothing to grade against
+                else:
+                    if row["final_answer"] is None:
+                        counters["no_final_answer"] += 1
+                    pairs.append((row["reference_answer"], row["final_answer"]))
+                    graded.append(row)
+                out.append(row)
+        for row, ok in zip(graded, self.checker.check_many(pairs)):
+            row["outcome_correct"] = bool(ok)
+            counters["correct"] += bool(ok)
+        return out, counters
