@@ -41,6 +41,7 @@ class IngestOptions:
     """Options of ``stepkit ingest`` (column names refer to the source file for jsonl/parquet)."""
 
     limit: int | None = None
+    skip: int = 0
     generators: tuple[str, ...] = ()
     split: str = "auto"
     id_col: str | None = None
@@ -137,13 +138,15 @@ class Ingester:
               "processbench": self._processbench, "jsonl": self._generic, "parquet": self._generic}[self.fmt]
         return fn()
 
-    def _limit(self, items):
-        return items if self.opts.limit is None else items[: self.opts.limit]
+    def _take(self, items):
+        """Records ``skip .. skip + limit`` of the enumerated ``items``."""
+        end = None if self.opts.limit is None else self.opts.skip + self.opts.limit
+        return items[self.opts.skip:end]
 
     # ---- gsm8k problems -----------------------------------------------------------------------
     def _gsm8k(self):
         rows = []
-        for i, obj in self._limit(list(read_jsonl(self.path))):
+        for i, obj in self._take(list(read_jsonl(self.path))):
             q, a = _need(obj, "question", self.path, i), _need(obj, "answer", self.path, i)
             try:
                 ref = extract_gsm8k_reference(a)
@@ -159,7 +162,7 @@ class Ingester:
     def _gsm8k_solutions(self):
         gens = self.opts.generators or GSM8K_GENERATORS
         rows, pairs = [], []
-        for i, obj in self._limit(list(read_jsonl(self.path))):
+        for i, obj in self._take(list(read_jsonl(self.path))):
             q = _need(obj, "question", self.path, i)
             gt = _need(obj, "ground_truth", self.path, i)
             ref = extract_final_answer(strip_calculator_annotations(gt))
@@ -212,7 +215,7 @@ class Ingester:
                     by_problem.setdefault(_norm(obj["problem"]), fa)
         split = self.path.stem
         rows, pairs = [], []
-        for i, obj in enumerate(self._limit(data)):
+        for i, obj in self._take(list(enumerate(data))):
             for key in ("id", "problem", "steps", "label", "final_answer_correct"):
                 _need(obj, key, self.path, i)
             steps = [s.strip() for s in obj["steps"]]
@@ -266,7 +269,7 @@ class Ingester:
         else:
             items = list(read_jsonl(self.path))
         rows, pairs = [], []
-        for i, obj in self._limit(items):
+        for i, obj in self._take(items):
             prompt = _need(obj, o.prompt_col, self.path, i)
             raw = _need(obj, o.steps_col, self.path, i)
             if isinstance(raw, str):
@@ -297,7 +300,7 @@ class Ingester:
             pairs.append((row["reference_answer"], row["final_answer"]))
         graded = [(r, p) for r, p in zip(rows, pairs) if r["reference_answer"] is not None]
         self._grade([r for r, _ in graded], [p for _, p in graded])
-        for (i, obj), r in zip(items, rows):
+        for (i, obj), r in zip(self._take(items), rows):
             r.setdefault("outcome_correct", None)
             if o.first_error_col:
                 fe = _need(obj, o.first_error_col, self.path, i)

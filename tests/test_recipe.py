@@ -1,0 +1,35 @@
+"""recipes/gsm8k.mk: ingest -> rollout -> mc-label over shards with pattern rules (scripted engine)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pyarrow.parquet as pq
+
+from tests.conftest import DATA, ROOT
+
+
+def make(work, *extra):
+    args = ["make", "-f", "recipes/gsm8k.mk", f"WORK={work}", f"DATA={DATA}", "SHARDS=3", "PER_SHARD=2",
+            "SAMPLES=2", "K=2", "MODEL=scripted:echo", "ENGINE_ARGS=--engine scripted",
+            f"STEPKIT={sys.executable} -m stepkit.cli", *extra]
+    p = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    return [line for line in p.stdout.splitlines() if "stepkit.cli" in line]
+
+
+def test_recipe_chains_shards_in_parallel_and_reruns_only_missing(tmp_path):
+    work = tmp_path / "w"
+    cmds = make(work, "-j2")
+    assert len(cmds) == 9  # 3 shards x (ingest, rollout, mc-label)
+    ids = []
+    for i in range(3):
+        rows = pq.read_table(work / "labeled" / f"shard-{i:05d}.parquet").to_pylist()
+        assert len(rows) == 4 and all("mc_status" in r for r in rows)
+        ids += [r["problem_id"] for r in rows]
+    assert ids == [f"gsm8k-test-{i}" for i in range(6) for _ in range(2)]  # disjoint slices, in order
+    assert make(work) == []  # nothing to redo
+    (work / "labeled" / "shard-00001.parquet").unlink()
+    (cmd,) = make(work, "-j2")
+    assert "mc-label" in cmd and "shard-00001" in cmd
