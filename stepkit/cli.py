@@ -7,7 +7,6 @@ stderr and exit status 1.
 
 from __future__ import annotations
 
-import os
 import sys
 
 import click
@@ -76,30 +75,56 @@ def engine_options(f):
         click.option("--tensor-parallel-size", type=click.IntRange(1), default=1, show_default=True,
                      help="GPUs per model (vllm engine on GPU machines)."),
         click.option("--concurrency", type=click.IntRange(1), default=32, show_default=True,
-                     help="Parallel requests for --engine openai."),
+                     help="--engine openai: requests in flight."),
+        click.option("--tokenizer", default=None,
+                     help="--engine openai: local tokenizer (bundled name or folder) for the chat template, "
+                          "or 'server' to render it on the server [default: --model when local, else server]."),
+        click.option("--per-request-seed", is_flag=True,
+                     help="--engine openai: send seed+i with request i (GPU servers only: it crashes vLLM CPU servers)."),
+        click.option("--max-retries", type=click.IntRange(0), default=6, show_default=True,
+                     help="--engine openai: retries on connection errors, 429 and 5xx (exponential backoff)."),
+        click.option("--request-timeout", type=click.FloatRange(1), default=300.0, show_default=True,
+                     help="--engine openai: seconds per request."),
     ]
     for o in reversed(opts):
         f = o(f)
     return f
 
 
-def _engine_setup(engine, model, base_url, seed, max_model_len, no_prefix_caching, tensor_parallel_size,
-                  concurrency):
-    """(factory, identity config) for the chosen engine; nothing is loaded until factory() is called."""
+def _engine_setup(kw):
+    """(factory, identity config) for the engine chosen by the engine options in ``kw``.
+
+    Nothing is loaded until ``factory()`` is called. The identity holds what changes results (engine,
+    model, seeds, caching), not where a server runs, so a rerun against a restarted server resumes.
+    """
     from stepkit.engines import make_engine
 
+    engine, model = kw["engine"], kw["model"]
     if engine == "openai":
-        if not base_url:
+        if not kw["base_url"]:
             raise click.UsageError("--engine openai needs --base-url")
-        opts = {"base_url": base_url, "concurrency": concurrency, "seed": seed}
-        ident = {"name": engine, "model": model, "base_url": base_url, "seed": seed}
+        opts = {"base_url": kw["base_url"], "concurrency": kw["concurrency"], "seed": kw["seed"],
+                "tokenizer": kw["tokenizer"], "per_request_seed": kw["per_request_seed"],
+                "max_retries": kw["max_retries"], "timeout": kw["request_timeout"]}
+        ident = {"name": engine, "model": model, "seed": kw["seed"], "tokenizer": kw["tokenizer"],
+                 "per_request_seed": kw["per_request_seed"]}
     elif engine == "vllm":
-        opts = {"seed": seed, "max_model_len": max_model_len, "enable_prefix_caching": not no_prefix_caching,
-                "tensor_parallel_size": tensor_parallel_size}
+        opts = {"seed": kw["seed"], "max_model_len": kw["max_model_len"],
+                "enable_prefix_caching": not kw["no_prefix_caching"],
+                "tensor_parallel_size": kw["tensor_parallel_size"]}
         ident = {"name": engine, "model": model, **opts}
     else:
         opts, ident = {}, {"name": engine, "model": model}
     return (lambda: make_engine(engine, model, **opts)), ident
+
+
+def _run(stage, inp, out, kw, title):
+    """Run ``stage`` with the runner options in ``kw`` and print the summary table."""
+    from stepkit.runner import run_stage
+
+    results = run_stage(stage, inp, out, chunk_size=kw["chunk_size"], force=kw["force"], rank=kw["rank"],
+                        world_size=kw["world_size"], max_error_rate=kw["max_error_rate"], progress=kw["progress"])
+    _print_results(results, title)
 
 
 def _sampling(temperature, top_p, max_tokens, seed, stop):
@@ -191,9 +216,7 @@ def ingest(fmt, file, out, limit, skip, generators, split, id_col, prompt_col, s
 @click.option("--stop", multiple=True, help="Extra stop string(s) for continuations.")
 @engine_options
 @runner_options
-def mc_label(inp, out, continuations, mode, stop, model, engine, base_url, temperature, top_p, max_tokens, seed,
-             max_model_len, no_prefix_caching, tensor_parallel_size, concurrency, chunk_size, force, rank,
-             world_size, max_error_rate, progress):
+def mc_label(inp, out, continuations, mode, stop, **kw):
     """Monte Carlo value of every step prefix of the trajectories in IN (Math-Shepherd / OmegaPRM).
 
     For each prefix steps[:i], K continuations are sampled and graded against the reference answer;
@@ -201,17 +224,12 @@ def mc_label(inp, out, continuations, mode, stop, model, engine, base_url, tempe
     """
     from stepkit.grading.verify import AnswerChecker, checker_settings
     from stepkit.prompts import DEFAULT_STOP
-    from stepkit.runner import run_stage
     from stepkit.stages.mc_label import MCLabelStage
 
-    factory, ident = _engine_setup(engine, model, base_url, seed, max_model_len, no_prefix_caching,
-                                   tensor_parallel_size, concurrency)
-    stage = MCLabelStage(factory, ident, continuations, mode,
-                         _sampling(temperature, top_p, max_tokens, seed, DEFAULT_STOP + tuple(stop)),
-                         AnswerChecker, checker_settings())
-    results = run_stage(stage, inp, out, chunk_size=chunk_size, force=force, rank=rank, world_size=world_size,
-                        max_error_rate=max_error_rate, progress=progress)
-    _print_results(results, "mc-label")
+    factory, ident = _engine_setup(kw)
+    sampling = _sampling(kw["temperature"], kw["top_p"], kw["max_tokens"], kw["seed"], DEFAULT_STOP + tuple(stop))
+    stage = MCLabelStage(factory, ident, continuations, mode, sampling, AnswerChecker, checker_settings())
+    _run(stage, inp, out, kw, "mc-label")
 
 
 @main.command()
@@ -230,16 +248,13 @@ def mc_label(inp, out, continuations, mode, stop, model, engine, base_url, tempe
 @click.option("--stop", multiple=True, help="Stop string(s).")
 @engine_options
 @runner_options
-def rollout(problems, out, samples, recipe, instruction, system_prompt, fewshot, fewshot_file, split, stop, model,
-            engine, base_url, temperature, top_p, max_tokens, seed, max_model_len, no_prefix_caching,
-            tensor_parallel_size, concurrency, chunk_size, force, rank, world_size, max_error_rate, progress):
+def rollout(problems, out, samples, recipe, instruction, system_prompt, fewshot, fewshot_file, split, stop, **kw):
     """Sample N solutions per problem of PROBLEMS (a problems shard from `ingest gsm8k`) into OUT.
 
     Each sample becomes a trajectory row (steps, final answer, graded outcome); samples cut off by
     --max-tokens are kept with rollout_finish_reason 'length' and left ungraded.
     """
     from stepkit.grading.verify import AnswerChecker, checker_settings
-    from stepkit.runner import run_stage
     from stepkit.stages.rollout import DEFAULT_INSTRUCTION, RolloutPrompt, RolloutStage, fewshot_from_problems, load_recipe
 
     ctx = click.get_current_context()
@@ -261,15 +276,12 @@ def rollout(problems, out, samples, recipe, instruction, system_prompt, fewshot,
                            fewshot=fewshot_from_problems(shots_file, k) if k else (),
                            split=pick("split", split, "newline"))
     stops = tuple(stop) or tuple(doc.get("stop", ()))
-    sampling = _sampling(pick("temperature", temperature, 0.8), pick("top_p", top_p, 1.0),
-                         pick("max_tokens", max_tokens, 256), seed, stops)
-    factory, ident = _engine_setup(engine, model, base_url, seed, max_model_len, no_prefix_caching,
-                                   tensor_parallel_size, concurrency)
+    sampling = _sampling(pick("temperature", kw["temperature"], 0.8), pick("top_p", kw["top_p"], 1.0),
+                         pick("max_tokens", kw["max_tokens"], 256), kw["seed"], stops)
+    factory, ident = _engine_setup(kw)
     stage = RolloutStage(factory, ident, pick("samples", samples, 4), sampling, prompt, AnswerChecker,
-                         checker_settings(), generator=model)
-    results = run_stage(stage, problems, out, chunk_size=chunk_size, force=force, rank=rank,
-                        world_size=world_size, max_error_rate=max_error_rate, progress=progress)
-    _print_results(results, "rollout")
+                         checker_settings(), generator=kw["model"])
+    _run(stage, problems, out, kw, "rollout")
 
 
 @main.command()

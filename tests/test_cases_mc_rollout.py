@@ -70,7 +70,9 @@ def test_prefix_caching_is_part_of_the_configuration(cases):
     and --no-prefix-caching (for reproducibility studies) is a different configuration."""
     from stepkit.cli import _engine_setup
 
-    _, on = _engine_setup("vllm", "smollm2-135m", None, 0, 2048, False, 1, 32)
-    _, off = _engine_setup("vllm", "smollm2-135m", None, 0, 2048, True, 1, 32)
+    kw = {"engine": "vllm", "model": "smollm2-135m", "seed": 0, "max_model_len": 2048,
+          "no_prefix_caching": False, "tensor_parallel_size": 1}
+    _, on = _engine_setup(kw)
+    _, off = _engine_setup({**kw, "no_prefix_caching": True})
     assert on["enable_prefix_caching"] is True and off["enable_prefix_caching"] is False
     assert on != off

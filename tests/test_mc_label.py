@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from stepkit.engines.base import Completion, SamplingConfig
+from stepkit.engines.base import SamplingConfig
 from stepkit.engines.scripted import KnownValuePolicy, ScriptedEngine
 from stepkit.stages.mc_label import FirstErrorSearch, MCLabelStage, PrefixEstimate, label_row
 

