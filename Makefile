@@ -47,6 +47,7 @@ test-fast: setup
 
 bench: model
 	$(BIN)/python bench/bench_mc_label.py
+	$(BIN)/python bench/bench_engines.py
 
 clean:
 	rm -rf out .pytest_cache

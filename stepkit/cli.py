@@ -124,6 +124,10 @@ def _run(stage, inp, out, kw, title):
 
     results = run_stage(stage, inp, out, chunk_size=kw["chunk_size"], force=kw["force"], rank=kw["rank"],
                         world_size=kw["world_size"], max_error_rate=kw["max_error_rate"], progress=kw["progress"])
+    if not results:
+        click.echo(f"{title}: no shard for --rank {kw['rank']} of --world-size {kw['world_size']}; nothing to do",
+                   err=True)
+        return
     _print_results(results, title)
 
 
@@ -131,6 +135,19 @@ def _sampling(temperature, top_p, max_tokens, seed, stop):
     from stepkit.engines.base import SamplingConfig
 
     return SamplingConfig(temperature=temperature, top_p=top_p, max_tokens=max_tokens, stop=tuple(stop), seed=seed)
+
+
+def _check_split(ctx, param, value):
+    """Reject an unknown split mode / invalid regex before anything runs."""
+    if value is None:
+        return value
+    from stepkit.grading.steps import split_steps
+
+    try:
+        split_steps("a\nb", value)
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from None
+    return value
 
 
 def _print_results(results, title):
@@ -165,7 +182,7 @@ def _print_results(results, title):
 @click.option("--skip", type=click.IntRange(0), default=0, help="Skip the first N records (to cut a file into shards).")
 @click.option("--generator", "generators", multiple=True,
               help="gsm8k-solutions: generator(s) to take (default: all four).")
-@click.option("--split", default="auto", show_default=True,
+@click.option("--split", default="auto", show_default=True, callback=_check_split,
               help="jsonl/parquet string steps: newline, blank, step (Step k:), auto, or a separator regex.")
 @click.option("--id-col", default=None, help="jsonl/parquet: row id column (default: <file>-<index>).")
 @click.option("--prompt-col", default="prompt", show_default=True)
@@ -244,7 +261,8 @@ def mc_label(inp, out, continuations, mode, stop, **kw):
 @click.option("--fewshot-file", type=click.Path(exists=True, dir_okay=False), default=None,
               help="Problems shard (with reference_steps) to take the exemplars from; use problems disjoint "
                    "from PROBLEMS.")
-@click.option("--split", default=None, help="How to split generated text into steps [default: newline].")
+@click.option("--split", default=None, callback=_check_split,
+              help="How to split generated text into steps [default: newline].")
 @click.option("--stop", multiple=True, help="Stop string(s).")
 @engine_options
 @runner_options

@@ -204,7 +204,11 @@ def prepare_model(name: str, force: bool = False, log: Callable[[str], None] = p
     if not force and (target / MARKER).is_file():
         return target
     source = entry.source_path()
-    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"cannot create the model cache {target.parent} ({exc.strerror or exc}); "
+                          f"set STEPKIT_CACHE to a writable folder") from None
     log(f"preparing model {name} from {source} into {target} ...")
     started = _dt.datetime.now(_dt.timezone.utc)
     tmp = Path(tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=target.parent))

@@ -125,6 +125,10 @@ def run_stage(stage: Stage, in_path: str | os.PathLike, out_path: str | os.PathL
     """
     in_path, out_path = Path(in_path), Path(out_path)
     chunk_size = chunk_size or stage.default_chunk_size
+    if in_path.is_dir() and out_path.suffix == ".parquet":
+        raise ConfigError(f"{out_path}: IN {in_path} is a folder of shards, so OUT must be a folder too")
+    if out_path.resolve() == in_path.resolve():
+        raise ConfigError(f"{out_path}: OUT is the same as IN; write the output somewhere else")
     shards = select_shards(list_shards(in_path), rank, world_size)
     plans = []
     # Validate everything first: a bad row in the last shard must fail before any generation.
@@ -135,15 +139,19 @@ def run_stage(stage: Stage, in_path: str | os.PathLike, out_path: str | os.PathL
         columns = list(stage.required_columns) + (["error"] if "error" in schema.names else [])
         for first, rows in iter_row_chunks(shard, 1024, columns=columns or None):
             stage.validate(rows, shard, first)
-        plans.append((shard, output_path(shard, in_path, out_path), schema, pf.metadata.num_rows))
+        out = output_path(shard, in_path, out_path)
+        _check_writable(out, shard)
+        plans.append((shard, out, schema, pf.metadata.num_rows))
 
     results = []
     opened = False
     try:
         for shard, out, schema, n_rows in plans:
             ident = _identity(stage, file_sha256(shard), chunk_size)
-            done = read_manifest(out) if out.exists() else None
-            if done is not None and not force:
+            if out.exists() and not force:
+                done = read_manifest(out)
+                if done is None:
+                    raise ConfigError(f"{out}: exists but has no readable stepkit manifest; use --force to replace it")
                 if done.get("identity", {}).get("config_hash") == ident["config_hash"]:
                     results.append(ShardResult(shard, out, "up to date", rows=done.get("counts", {}).get("rows", 0)))
                     continue
@@ -153,12 +161,53 @@ def run_stage(stage: Stage, in_path: str | os.PathLike, out_path: str | os.PathL
             if not opened:
                 stage.open()
                 opened = True
-            results.append(_run_shard(stage, shard, out, schema, n_rows, ident, chunk_size, force,
-                                      max_error_rate, progress, console, rank, world_size))
+            with _OutputLock(out):
+                results.append(_run_shard(stage, shard, out, schema, n_rows, ident, chunk_size, force,
+                                          max_error_rate, progress, console, rank, world_size))
     finally:
         if opened:
             stage.close()
     return results
+
+
+def _check_writable(out: Path, shard: Path) -> None:
+    """Fail before any model is loaded when ``out`` cannot be written or would overwrite the input."""
+    if out.resolve() == shard.resolve():
+        raise ConfigError(f"{out}: OUT is the same file as IN; write the output somewhere else")
+    if out.is_dir():
+        raise ConfigError(f"{out}: is a folder, expected a .parquet file path")
+    parent = out.parent
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"{out}: cannot create its folder ({e.strerror or e})") from None
+    if not os.access(parent, os.W_OK):
+        raise ConfigError(f"{out}: folder {parent} is not writable")
+
+
+class _OutputLock:
+    """An exclusive lock on one output, so two runs never write the same OUT at once."""
+
+    def __init__(self, out: Path):
+        self.path = out.with_name(f".{out.name}.lock")
+
+    def __enter__(self):
+        import fcntl
+
+        self.f = open(self.path, "w")
+        try:
+            fcntl.flock(self.f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self.f.close()
+            raise ConfigError(f"{self.path.name[1:-5]}: another stepkit run is writing this output "
+                              f"(lock {self.path}); wait for it or stop it") from None
+        self.f.write(str(os.getpid()))
+        self.f.flush()
+        return self
+
+    def __exit__(self, *exc):
+        self.path.unlink(missing_ok=True)
+        self.f.close()
 
 
 def _parts_dir(out: Path) -> Path:
@@ -204,10 +253,12 @@ def _run_shard(stage, shard, out, in_schema, n_rows, ident, chunk_size, force, m
             out_rows, counters = stage.process(rows)
             if stage.one_to_one and len(out_rows) != len(rows):
                 raise StepkitError(f"{stage.name}: internal error, chunk {i} returned {len(out_rows)} rows for {len(rows)}")
-            part = parts / f"part-{i:05d}.parquet"
-            write_table(part, rows_to_table(out_rows, out_schema))
-            counters = {**counters, "errors": sum(1 for r in out_rows if r.get("error"))}
+            own = f"{stage.name}:"
+            counters = {**counters, "errors": sum(1 for r in out_rows if (r.get("error") or "").startswith(own)),
+                        "upstream_errors": sum(1 for r in out_rows if r.get("error") and not r["error"].startswith(own))}
+            # Counters first, rows last: a part's .parquet existing is what marks the chunk committed.
             write_json(parts / f"part-{i:05d}.json", {"rows": len(out_rows), "counters": counters})
+            write_table(parts / f"part-{i:05d}.parquet", rows_to_table(out_rows, out_schema))
             _log(parts, event="chunk_commit", chunk=i, rows=len(out_rows))
             bar.advance(len(rows), stage.tokens_generated() - tokens0)
     result.seconds = time.time() - t0

@@ -108,6 +108,8 @@ def check_columns(schema: pa.Schema, required: tuple[str, ...] | list[str], path
 
 
 def _stringish(t: pa.DataType) -> bool:
+    if pa.types.is_dictionary(t):
+        t = t.value_type
     return pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_null(t)
 
 
@@ -135,3 +137,21 @@ def error_reason(error: str) -> str:
     """The reason part of an ``error`` value ``"<stage>: <reason>[: <detail>]"``, for counting by reason."""
     parts = error.split(": ")
     return parts[1] if len(parts) > 1 else error
+
+
+def check_values(rows: list[dict], path, first_row: int, columns: tuple[str, ...], unique: str | None = None,
+                 seen: set | None = None) -> None:
+    """Raise :class:`InputError` for the first row whose ``columns`` are null or empty strings, or whose
+    ``unique`` column repeats a value already in ``seen`` (a set the caller keeps across chunks)."""
+    for i, row in enumerate(rows):
+        if row.get("error"):
+            continue
+        for c in columns:
+            v = row.get(c)
+            if v is None or (isinstance(v, str) and not v.strip()):
+                raise InputError(path, "null or empty", row=first_row + i, column=c)
+        if unique is not None and seen is not None:
+            key = row.get(unique)
+            if key in seen:
+                raise InputError(path, f"duplicate value {key!r}", row=first_row + i, column=unique)
+            seen.add(key)

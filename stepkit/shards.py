@@ -19,7 +19,7 @@ from typing import Any, Iterator
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from stepkit.errors import InputError
+from stepkit.errors import ConfigError, InputError
 
 ROW_GROUP_BYTES = 64 * 1024 * 1024
 """Upper bound on the uncompressed bytes of one row group (a row group holds at least one row)."""
@@ -45,7 +45,7 @@ def list_shards(path: str | os.PathLike) -> list[Path]:
 def select_shards(shards: list[Path], rank: int, world_size: int) -> list[Path]:
     """``sorted(shards)[rank::world_size]``: N machines split a folder with no coordinator."""
     if world_size < 1 or not 0 <= rank < world_size:
-        raise ValueError(f"need 0 <= rank < world_size, got rank={rank} world_size={world_size}")
+        raise ConfigError(f"need 0 <= rank < world-size, got --rank {rank} --world-size {world_size}")
     return sorted(shards)[rank::world_size]
 
 
@@ -79,7 +79,15 @@ def iter_row_chunks(path: Path, chunk_size: int, columns: list[str] | None = Non
     pf = open_parquet(path)
     buf: list[dict[str, Any]] = []
     start = 0
-    for batch in pf.iter_batches(batch_size=max(1, min(chunk_size, 1024)), columns=columns):
+    batches = pf.iter_batches(batch_size=max(1, min(chunk_size, 1024)), columns=columns)
+    while True:
+        try:
+            batch = next(batches)
+        except StopIteration:
+            break
+        except (pa.ArrowException, OSError) as e:  # corrupt data pages behind an intact footer
+            raise InputError(path, f"cannot read rows after row {start + len(buf)} "
+                                   f"({str(e).splitlines()[0]})") from None
         buf.extend(batch.to_pylist())
         while len(buf) >= chunk_size:
             yield start, buf[:chunk_size]
@@ -95,11 +103,13 @@ def read_rows(path: Path, columns: list[str] | None = None) -> list[dict[str, An
 
 
 def read_manifest(shard: Path) -> dict[str, Any] | None:
-    """The manifest of a finished shard, or None if it has none."""
+    """The manifest of a finished shard, or None if it has none or it cannot be read."""
     mp = manifest_path(shard)
-    if mp.exists():
-        return json.loads(mp.read_text())
-    return None
+    try:
+        doc = json.loads(mp.read_text())
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) else None
 
 
 def _row_groups(table: pa.Table, max_bytes: int) -> Iterator[pa.Table]:
@@ -137,9 +147,23 @@ def write_table(path: Path, table: pa.Table, metadata: dict[str, Any] | None = N
     os.replace(tmp, path)
 
 
-def rows_to_table(rows: list[dict[str, Any]], schema: pa.Schema) -> pa.Table:
-    """Build a table with the explicit ``schema`` (never inferred); unknown keys are dropped."""
-    return pa.Table.from_pylist(rows, schema=schema)
+def rows_to_table(rows: list[dict[str, Any]], schema: pa.Schema, path: Path | str = "<rows>") -> pa.Table:
+    """Build a table with the explicit ``schema`` (never inferred); unknown keys are dropped.
+
+    Raises:
+        InputError: a value does not fit its column's type, naming ``path``, the row and the column.
+    """
+    try:
+        return pa.Table.from_pylist(rows, schema=schema)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as e:
+        for field in schema:
+            for i, row in enumerate(rows):
+                try:
+                    pa.array([row.get(field.name)], type=field.type)
+                except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
+                    raise InputError(path, f"{row.get(field.name)!r:.60} does not fit type {field.type}",
+                                     row=i, column=field.name) from None
+        raise InputError(path, f"cannot build the table ({str(e).splitlines()[0]})") from None
 
 
 def write_json(path: Path, doc: dict[str, Any]) -> None:
@@ -151,9 +175,12 @@ def write_json(path: Path, doc: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-def write_shard(path: Path, rows: list[dict[str, Any]], schema: pa.Schema, manifest: dict[str, Any]) -> None:
-    """Write a complete shard and its manifest (used by stages that need no chunked resume, e.g. ingest)."""
-    table = rows_to_table(rows, schema)
+def write_shard(path: Path, rows: list[dict[str, Any]], schema: pa.Schema, manifest: dict[str, Any],
+                source: Path | str = "<rows>") -> None:
+    """Write a complete shard and its manifest (used by stages that need no chunked resume, e.g. ingest).
+
+    ``source`` names the input file in errors about values that do not fit the schema."""
+    table = rows_to_table(rows, schema, source)
     manifest = {**manifest, "output": {"path": str(path), "rows": table.num_rows}}
     write_table(path, table, metadata=manifest)
     write_json(manifest_path(path), manifest)

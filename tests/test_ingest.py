@@ -158,3 +158,42 @@ def test_cli_ingest_error_is_one_line(tmp_path):
                         str(tmp_path / "o.parquet")], capture_output=True, text=True, timeout=120)
     assert p.returncode == 1
     assert p.stderr.strip() == f"error: {tmp_path / 'nope.jsonl'}: no such file"
+
+
+def test_wrong_types_name_row_and_column(tmp_path, checker):
+    src = tmp_path / "t.jsonl"
+    src.write_text('{"prompt": "a", "steps": ["x"]}\n{"prompt": 5, "steps": ["x"]}\n')
+    with pytest.raises(InputError, match=r"row 1, column 'prompt': expected str"):
+        ingest("jsonl", src, tmp_path / "o.parquet", IngestOptions(), checker, checker_settings())
+    src.write_text('{"prompt": "a", "steps": ["x"], "gold": [2]}\n')
+    with pytest.raises(InputError, match=r"row 0, column 'gold': expected a string or number"):
+        ingest("jsonl", src, tmp_path / "o.parquet", IngestOptions(reference_col="gold"), checker, checker_settings())
+    src.write_bytes(b'{"prompt": "a", "steps": ["x"]}\n{"prompt": "\xff\xfe"}\n')
+    with pytest.raises(InputError, match="not UTF-8"):
+        ingest("jsonl", src, tmp_path / "o.parquet", IngestOptions(), checker, checker_settings())
+    src.write_text("")
+    with pytest.raises(InputError, match="no records"):
+        ingest("jsonl", src, tmp_path / "o.parquet", IngestOptions(), checker, checker_settings())
+
+
+def test_numeric_reference_keeps_its_value(tmp_path, checker):
+    src = tmp_path / "t.jsonl"
+    src.write_text('{"prompt": "a", "steps": ["The answer is 0.0000001."], "gold": 0.0000001}\n')
+    ingest("jsonl", src, tmp_path / "o.parquet", IngestOptions(reference_col="gold"), checker, checker_settings())
+    (row,) = rows_of(tmp_path / "o.parquet")
+    assert row["reference_answer"] == "0.0000001" and row["outcome_correct"] is True
+
+
+def test_processbench_malformed_rows(tmp_path, checker):
+    good = {"id": "g-0", "generator": "m", "problem": "What is 1+1?", "steps": ["1+1 = 2.", "The answer is 2."],
+            "final_answer_correct": True, "label": -1}
+    src = tmp_path / "pb.json"
+    src.write_text(json.dumps([good, {**good, "id": "g-1", "label": "N/A", "final_answer_correct": False}]))
+    ingest("processbench", src, tmp_path / "o.parquet", IngestOptions(), checker, checker_settings())
+    rows = rows_of(tmp_path / "o.parquet")
+    assert rows[1]["reference_first_error"] is None and rows[1]["reference_status"].startswith("inconsistent")
+    for bad, msg in (({"steps": "1+1=2"}, "expected a list of strings"), ({"steps": []}, "empty steps"),
+                     ({"problem": 5}, "expected str")):
+        src.write_text(json.dumps([good, {**good, **bad}]))
+        with pytest.raises(InputError, match=rf"row 1, column '\w+': {msg}"):
+            ingest("processbench", src, tmp_path / "o.parquet", IngestOptions(), checker, checker_settings())

@@ -344,6 +344,29 @@ def test_real_cli_mc_label_through_the_server(server, tmp_path):
 
 
 @pytest.mark.engine
+def test_real_cli_rollout_through_the_server(server, tmp_path):
+    """rollout on 4 real GSM8K problems x 4 samples through the openai engine."""
+    problems = tmp_path / "problems.parquet"
+    subprocess.run([sys.executable, "-m", "stepkit.cli", "ingest", "gsm8k", str(DATA / "gsm8k" / "test.jsonl"),
+                    str(problems), "--limit", "4"], check=True, capture_output=True, cwd=ROOT, timeout=300)
+    out = tmp_path / "rollouts.parquet"
+    p = subprocess.run([sys.executable, "-m", "stepkit.cli", "rollout", str(problems), str(out), "--engine", "openai",
+                        "--base-url", str(server), "--model", "smollm2-135m", "-n", "4", "--max-tokens", "160",
+                        "--no-progress"], capture_output=True, text=True, cwd=ROOT, timeout=900)
+    assert p.returncode == 0, p.stderr[-3000:]
+    rows = pq.read_table(out).to_pylist()
+    assert len(rows) == 16 and [r["id"] for r in rows[:4]] == [f"gsm8k-test-0:r{j}" for j in range(4)]
+    for r in rows:
+        assert r["rollout_finish_reason"] in ("stop", "length") and r["rollout_completion_tokens"] > 0
+        if r["error"] is None:
+            assert r["steps"] and all(s.strip() for s in r["steps"])
+        if r["rollout_finish_reason"] == "length":
+            assert r["outcome_correct"] is None
+    manifest = read_manifest(out)
+    assert manifest["provenance"]["engine"]["engine"] == "openai" and manifest["counts"]["samples"] == 16
+
+
+@pytest.mark.engine
 def test_real_server_killed_mid_run_then_restarted_resumes(server, tmp_path):
     """Kill the server's whole process group while `stepkit mc-label` runs: the command fails with one line
     and keeps only whole committed chunks; after a restart on the same port the same command resumes.

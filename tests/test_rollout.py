@@ -127,3 +127,32 @@ def test_rollout_real_engine_4_problems_x_4_samples(problems, tmp_path):
     m = json.loads((tmp_path / "roll.manifest.json").read_text())
     assert m["config"]["sampling"]["max_tokens"] == 160 and m["provenance"]["engine"]["engine"] == "vllm"
     assert m["counts"]["samples"] == 16
+
+
+def test_recipe_values_are_typed(tmp_path):
+    r = tmp_path / "r.yaml"
+    r.write_text('stop: "\\n\\n"\n')
+    assert load_recipe(r)["stop"] == ["\n\n"]  # one stop string, not its characters
+    r.write_text("samples: '3'\n")
+    with pytest.raises(ConfigError, match="recipe key 'samples'"):
+        load_recipe(r)
+
+
+def test_rollout_refuses_repeated_problem_ids(problems, tmp_path, checker):
+    import pyarrow as pa
+
+    t = pq.read_table(problems)
+    dup = tmp_path / "dup.parquet"
+    pq.write_table(pa.concat_tables([t, t.slice(0, 1)]), dup)
+    stage, _ = scripted_stage(lambda p, j, n: "x", checker)
+    from stepkit.errors import InputError
+
+    with pytest.raises(InputError, match="row 4, column 'problem_id': duplicate value"):
+        run_stage(stage, dup, tmp_path / "o.parquet", progress=False)
+
+
+def test_rollout_keeps_reference_steps(problems, checker, tmp_path):
+    stage, _ = scripted_stage(lambda p, j, n: "The answer is 3.", checker, samples=1)
+    run_stage(stage, problems, tmp_path / "o.parquet", progress=False)
+    rows = pq.read_table(tmp_path / "o.parquet").to_pylist()
+    assert rows[0]["reference_steps"] == pq.read_table(problems).column("reference_steps").to_pylist()[0]

@@ -212,3 +212,94 @@ def test_help_is_fast_and_imports_no_torch():
     for cmd in ("mc-label", "ingest", "stats", "show", "models"):
         q = run(cmd, "--help")
         assert "Usage:" in q.stdout
+
+
+def test_out_equal_to_in_is_refused_and_input_kept(solutions, tmp_path):
+    copy = tmp_path / "x.parquet"
+    copy.write_bytes(solutions.read_bytes())
+    for extra in ([], ["--force"]):
+        line = _one_error_line(run("mc-label", copy, copy, *SCRIPTED, *extra, check=False))
+        assert "same as IN" in line or "same file as IN" in line
+    assert copy.read_bytes() == solutions.read_bytes()
+    line = _one_error_line(run("ingest", "jsonl", DATA / "gsm8k" / "test.jsonl", DATA / "gsm8k" / "test.jsonl",
+                               check=False))
+    assert "same file" in line
+
+
+def test_folder_in_needs_folder_out(solutions, tmp_path):
+    folder = tmp_path / "in"
+    folder.mkdir()
+    (folder / "a.parquet").write_bytes(solutions.read_bytes())
+    line = _one_error_line(run("mc-label", folder, tmp_path / "o.parquet", *SCRIPTED, check=False))
+    assert "must be a folder" in line
+
+
+def test_second_writer_of_the_same_output_is_refused(solutions, tmp_path):
+    out = tmp_path / "lab.parquet"
+    first = subprocess.Popen([*STEPKIT, "mc-label", str(solutions), str(out), *SCRIPTED, "--chunk-size", "1"],
+                             env={**os.environ, "STEPKIT_SCRIPTED_DELAY": "0.1"}, start_new_session=True,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        parts = tmp_path / "lab.parquet.parts"
+        deadline = time.time() + 120
+        while not list(parts.glob("part-*.parquet")) and time.time() < deadline:
+            time.sleep(0.05)
+        line = _one_error_line(run("mc-label", solutions, out, *SCRIPTED, "--chunk-size", "1", check=False))
+        assert "another stepkit run is writing" in line
+    finally:
+        first.wait(timeout=300)
+    assert first.returncode == 0 and out.exists()
+    assert not (tmp_path / ".lab.parquet.lock").exists()
+
+
+def test_part_without_counters_is_not_committed(solutions, tmp_path):
+    """A kill between the two writes of a chunk commit: rows (.parquet) are written last, so a part
+    with counters (.json) but no rows is simply redone."""
+    out = tmp_path / "lab.parquet"
+    parts = tmp_path / "lab.parquet.parts"
+    proc = subprocess.Popen([*STEPKIT, "mc-label", str(solutions), str(out), *SCRIPTED, "--chunk-size", "1"],
+                            env={**os.environ, "STEPKIT_SCRIPTED_DELAY": "0.1"}, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while len(list(parts.glob("part-*.parquet"))) < 2 and time.time() < deadline:
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    n = len(list(parts.glob("part-*.parquet")))
+    (parts / f"part-{n:05d}.json").write_text('{"rows": 1, "counters": {}}')  # orphan counters
+    run("mc-label", solutions, out, *SCRIPTED, "--chunk-size", "1")
+    assert ids(out) == pq.read_table(solutions).column("id").to_pylist()
+
+
+def test_upstream_errors_do_not_count_against_this_stage(solutions, tmp_path):
+    table = pq.read_table(solutions)
+    errors = [None] * table.num_rows
+    errors[0] = errors[1] = "rollout: empty completion"
+    src = tmp_path / "up.parquet"
+    pq.write_table(table.set_column(table.schema.get_field_index("error"), "error", pa.array(errors, pa.string())), src)
+    out = tmp_path / "lab.parquet"
+    run("mc-label", src, out, *SCRIPTED)  # 2 of 12 rows failed upstream: not this stage's error rate
+    rows = pq.read_table(out).to_pylist()
+    assert rows[0]["error"] == "rollout: empty completion" and rows[0]["mc_value"] is None
+    m = json.loads((tmp_path / "lab.manifest.json").read_text())
+    assert m["counts"]["errors"] == 0 and m["counts"]["upstream_errors"] == 2
+
+
+def test_null_and_duplicate_ids_are_bad_input(solutions, tmp_path):
+    table = pq.read_table(solutions)
+    ids_ = table.column("id").to_pylist()
+    ids_[4] = ids_[3]
+    bad = tmp_path / "dup.parquet"
+    pq.write_table(table.set_column(0, "id", pa.array(ids_, pa.string())), bad)
+    line = _one_error_line(run("mc-label", bad, tmp_path / "o.parquet", *SCRIPTED, check=False))
+    assert "dup.parquet: row 4, column 'id': duplicate value" in line
+
+
+def test_corrupt_data_pages_are_one_line(solutions, tmp_path):
+    data = bytearray(solutions.read_bytes())
+    for i in range(200, 1200):
+        data[i] ^= 0x5A  # damage the first data pages, keep the footer
+    bad = tmp_path / "corrupt.parquet"
+    bad.write_bytes(bytes(data))
+    line = _one_error_line(run("mc-label", bad, tmp_path / "o.parquet", *SCRIPTED, check=False))
+    assert "corrupt.parquet" in line

@@ -81,6 +81,20 @@ def test_stop_strings_are_respected(engine):
     assert completion.finish_reason == "stop" and not completion.truncated
 
 
+def test_prompt_longer_than_context_fails_alone(engine):
+    """A prompt beyond max_model_len becomes error completions for that request only (vLLM would
+    reject the whole batch); a prompt near the limit gets the room left as its budget."""
+    long_prompt = "one two three four " * 1200
+    near = "one two three four " * 505  # leaves fewer than 64 tokens of room
+    out = engine.generate([Request("The answer is", 2), Request(long_prompt, 2), Request(near, 1)],
+                          SamplingConfig(temperature=0.8, max_tokens=64))
+    assert [c.finish_reason for c in out[1]] == ["error", "error"]
+    assert out[1][0].text.startswith("prompt too long:")
+    assert len(out[0]) == 2 and all(c.finish_reason in ("stop", "length") for c in out[0])
+    room = engine.max_model_len - engine.count_tokens(near)
+    assert 0 < room < 64 and out[2][0].num_tokens <= room
+
+
 def test_stats_are_counted(engine):
     before = (engine.stats.requests, engine.stats.completions, engine.stats.generated_tokens)
     results = engine.generate([Request("Hello", n=2), Request("Bye", n=3)], SamplingConfig(max_tokens=4))

@@ -43,6 +43,8 @@ the parent. Scripts that build an engine need an ``if __name__ == "__main__":`` 
 
 from __future__ import annotations
 
+import dataclasses
+
 import gc
 import os
 import re
@@ -234,23 +236,33 @@ class VLLMEngine(Engine):
         prompts: list[str] = []
         owners: list[int] = []  # owners[j]: index of the request that vLLM prompt j belongs to
         params = []
-        by_n: dict[int, Any] = {}
+        by_key: dict[tuple[int, int], Any] = {}
+        results: list[list[Completion]] = [[] for _ in requests]
         for i, r in enumerate(requests):
+            # A prompt that does not fit the context fails alone (vLLM would reject the whole batch);
+            # one that leaves less room than max_tokens gets the room left (it may end "length").
+            n_prompt = self.count_tokens(r.prompt)
+            room = self.max_model_len - n_prompt
+            if room < 1:
+                results[i] = [Completion(f"prompt too long: {n_prompt} tokens, max_model_len {self.max_model_len}",
+                                         "error", 0)] * r.n
+                continue
+            budget = dataclasses.replace(sampling, max_tokens=min(sampling.max_tokens, room))
             copies, n = (r.n, 1) if greedy else (1, r.n)
             for _ in range(copies):
-                if self.on_cpu:  # no per-request seeds on CPU: one SamplingParams per distinct n
-                    if n not in by_n:
-                        by_n[n] = self.sampling_params(sampling, n=n)
-                    params.append(by_n[n])
+                if self.on_cpu:  # no per-request seeds on CPU: one SamplingParams per (n, budget)
+                    key = (n, budget.max_tokens)
+                    if key not in by_key:
+                        by_key[key] = self.sampling_params(budget, n=n)
+                    params.append(by_key[key])
                 else:
-                    params.append(self.sampling_params(sampling, n=n, index=len(prompts)))
+                    params.append(self.sampling_params(budget, n=n, index=len(prompts)))
                 prompts.append(r.prompt)
                 owners.append(i)
-        outputs = self.llm.generate(prompts, params, use_tqdm=False)
+        outputs = self.llm.generate(prompts, params, use_tqdm=False) if prompts else []
         if len(outputs) != len(prompts):  # pragma: no cover - vLLM guarantees one output per prompt
             raise StepkitError(f"vllm returned {len(outputs)} outputs for {len(prompts)} prompts")
 
-        results: list[list[Completion]] = [[] for _ in requests]
         generated = prompt_tokens = 0
         for owner, out in zip(owners, outputs):
             for seq in sorted(out.outputs, key=lambda s: s.index):

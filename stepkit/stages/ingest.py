@@ -64,7 +64,16 @@ def read_jsonl(path: Path) -> Iterator[tuple[int, dict]]:
     except OSError as e:
         raise InputError(path, e.strerror or str(e)) from None
     with f:
-        for i, line in enumerate(f):
+        lines = iter(f)
+        i = -1
+        while True:
+            try:
+                line = next(lines)
+            except StopIteration:
+                break
+            except UnicodeDecodeError as e:
+                raise InputError(path, f"not UTF-8 text ({e.reason} at byte {e.start} of row {i + 1})") from None
+            i += 1
             if not line.strip():
                 continue
             try:
@@ -76,10 +85,39 @@ def read_jsonl(path: Path) -> Iterator[tuple[int, dict]]:
             yield i, obj
 
 
-def _need(obj: dict, key: str, path: Path, row: int) -> Any:
+def _need(obj: dict, key: str, path: Path, row: int, types: type | tuple = object) -> Any:
+    """``obj[key]``, raising InputError (file, row, column) when missing, null or not of ``types``."""
     if key not in obj or obj[key] is None:
         raise InputError(path, "missing or null", row=row, column=key)
-    return obj[key]
+    value = obj[key]
+    if not isinstance(value, types) or (isinstance(value, bool) and types in (int, (int, float))):
+        want = types.__name__ if isinstance(types, type) else " or ".join(t.__name__ for t in types)
+        raise InputError(path, f"expected {want}, found {type(value).__name__} {value!r:.40}", row=row, column=key)
+    return value
+
+
+def _steps_list(value: Any, path: Path, row: int, column: str) -> list[str]:
+    """A non-empty list of non-empty strings (stripped), else InputError naming file, row and column."""
+    if not isinstance(value, list) or not all(isinstance(x, str) for x in value):
+        raise InputError(path, "expected a list of strings", row=row, column=column)
+    steps = [x.strip() for x in value]
+    if not steps or not all(steps):
+        raise InputError(path, "empty steps" if not steps else f"step {steps.index('')} is empty", row=row, column=column)
+    return steps
+
+
+def _scalar_text(value: Any, path: Path, row: int, column: str) -> str | None:
+    """An answer value as text: strings as they are, numbers without exponent notation
+    (``1e-07`` would read as e - 7), else InputError."""
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InputError(path, f"expected a string or number, found {type(value).__name__}", row=row, column=column)
+    if isinstance(value, int):
+        return str(value)
+    from decimal import Decimal
+
+    return format(Decimal(repr(value)).normalize(), "f")
 
 
 def ratings_to_labels(ratings: list, neutral_as: str = "positive") -> list[bool]:
@@ -114,7 +152,7 @@ def first_error_status(outcome_correct: bool | None, first_error: int | None, n_
     (ProcessBench: correct answers can hide process errors). Returns ``"ok"`` or
     ``"inconsistent: <why>"`` — such rows are flagged, never silently relabelled.
     """
-    if first_error is None or not isinstance(first_error, int):
+    if first_error is None or not isinstance(first_error, int) or isinstance(first_error, bool):
         return f"inconsistent: first error {first_error!r} is not an integer"
     if not -1 <= first_error < n_steps:
         return f"inconsistent: first error {first_error} outside -1..{n_steps - 1}"
@@ -147,13 +185,14 @@ class Ingester:
     def _gsm8k(self):
         rows = []
         for i, obj in self._take(list(read_jsonl(self.path))):
-            q, a = _need(obj, "question", self.path, i), _need(obj, "answer", self.path, i)
+            q, a = _need(obj, "question", self.path, i, str), _need(obj, "answer", self.path, i, str)
             try:
                 ref = extract_gsm8k_reference(a)
             except ValueError:
                 raise InputError(self.path, "no '#### N' final answer line", row=i, column="answer") from None
             lines = [strip_calculator_annotations(x).strip() for x in a.splitlines()]
-            rows.append({"problem_id": f"gsm8k-test-{i}", "source": f"gsm8k/test/{i}",
+            split = self.path.stem  # test.jsonl -> gsm8k-test-17, train.jsonl -> gsm8k-train-17
+            rows.append({"problem_id": f"gsm8k-{split}-{i}", "source": f"gsm8k/{split}/{i}",
                          "prompt": strip_calculator_annotations(q).strip(), "reference_answer": ref,
                          "reference_steps": [x for x in lines if x and not x.startswith("####")]})
         return rows, PROBLEM_SCHEMA
@@ -163,8 +202,8 @@ class Ingester:
         gens = self.opts.generators or GSM8K_GENERATORS
         rows, pairs = [], []
         for i, obj in self._take(list(read_jsonl(self.path))):
-            q = _need(obj, "question", self.path, i)
-            gt = _need(obj, "ground_truth", self.path, i)
+            q = _need(obj, "question", self.path, i, str)
+            gt = _need(obj, "ground_truth", self.path, i, str)
             ref = extract_final_answer(strip_calculator_annotations(gt))
             if ref is None:
                 raise InputError(self.path, "no final answer in the ground truth", row=i, column="ground_truth")
@@ -172,7 +211,11 @@ class Ingester:
                 if g not in obj:
                     raise InputError(self.path, f"no generator {g!r} (has: {', '.join(k for k in obj if isinstance(obj[k], dict))})",
                                      row=i, column=g)
-                sol = _need(obj[g], "solution", self.path, i)
+                if not isinstance(obj[g], dict):
+                    raise InputError(self.path, "expected an object with 'solution' and 'is_correct'", row=i, column=g)
+                sol = _need(obj[g], "solution", self.path, i, str)
+                if not isinstance(obj[g].get("is_correct"), (bool, type(None))):
+                    raise InputError(self.path, "is_correct must be true or false", row=i, column=f"{g}.is_correct")
                 text = strip_calculator_annotations(sol)
                 steps, sep = split_steps(text, "newline")
                 final = extract_final_answer(text)
@@ -208,7 +251,14 @@ class Ingester:
             raise InputError(self.path, "expected a JSON list of ProcessBench rows")
         answers = self._reference_answers()
         by_problem: dict[str, str] = {}
-        for obj in data:  # another row of the same problem with a correct final answer
+        for i, obj in enumerate(data):
+            if not isinstance(obj, dict):
+                raise InputError(self.path, "expected an object", row=i)
+            _need(obj, "id", self.path, i, (str, int))
+            _need(obj, "problem", self.path, i, str)
+            _steps_list(_need(obj, "steps", self.path, i), self.path, i, "steps")
+            _need(obj, "final_answer_correct", self.path, i, bool)
+        for obj in data:  # a row of the same problem whose final answer is marked correct
             if obj.get("final_answer_correct") and obj.get("steps"):
                 fa = extract_final_answer("\n\n".join(obj["steps"]))
                 if fa is not None:
@@ -216,27 +266,26 @@ class Ingester:
         split = self.path.stem
         rows, pairs = [], []
         for i, obj in self._take(list(enumerate(data))):
-            for key in ("id", "problem", "steps", "label", "final_answer_correct"):
-                _need(obj, key, self.path, i)
-            steps = [s.strip() for s in obj["steps"]]
+            steps = _steps_list(obj["steps"], self.path, i, "steps")
+            label = obj.get("label")
+            valid_label = isinstance(label, int) and not isinstance(label, bool) and -1 <= label < len(steps)
             final = extract_final_answer("\n\n".join(steps))
             ref, how = answers.get(_norm(obj["problem"])), "matched problem text"
             if ref is None:
                 ref, how = by_problem.get(_norm(obj["problem"])), "from a correct row of the same problem"
             self.count(f"reference: {how}" if ref is not None else "reference: none")
-            rows.append({"id": obj["id"], "problem_id": f"processbench-{split}-{_problem_key(obj['problem'])}",
+            rows.append({"id": str(obj["id"]), "problem_id": f"processbench-{split}-{_problem_key(obj['problem'])}",
                          "source": f"processbench/{split}/{obj['id']}", "prompt": obj["problem"],
                          "reference_answer": ref, "steps": steps, "step_separator": "\n\n",
                          "final_answer": final, "generator": obj.get("generator"),
                          "source_outcome_correct": obj["final_answer_correct"],
-                         "reference_first_error": obj["label"], "error": None,
-                         "reference_status": first_error_status(obj["final_answer_correct"], obj["label"], len(steps))})
+                         "reference_first_error": label if valid_label else None, "error": None,
+                         "reference_status": first_error_status(obj["final_answer_correct"], label, len(steps))})
             pairs.append((ref, final))
         graded = [(r, p) for r, p in zip(rows, pairs) if r["reference_answer"] is not None]
         self._grade([r for r, _ in graded], [p for _, p in graded])
         for r in rows:
-            if r["reference_answer"] is None:
-                r["outcome_correct"] = r["source_outcome_correct"]
+            r.setdefault("outcome_correct", None)  # no reference: ungraded (the human flag stays in source_outcome_correct)
             if r["reference_status"] != "ok":
                 self.count("reference_inconsistent")
         return rows, TRAJ_SCHEMA_WITH_REFS
@@ -269,21 +318,27 @@ class Ingester:
         else:
             items = list(read_jsonl(self.path))
         rows, pairs = [], []
+        seen_ids: set[str] = set()
         for i, obj in self._take(items):
-            prompt = _need(obj, o.prompt_col, self.path, i)
+            prompt = _need(obj, o.prompt_col, self.path, i, str)
             raw = _need(obj, o.steps_col, self.path, i)
             if isinstance(raw, str):
                 steps, sep = split_steps(raw, o.split)
-            elif isinstance(raw, list) and all(isinstance(s, str) for s in raw):
-                steps, sep = [s.strip() for s in raw], "\n\n" if any("\n" in s for s in raw) else "\n"
+                if not steps:
+                    raise InputError(self.path, "empty steps", row=i, column=o.steps_col)
             else:
-                raise InputError(self.path, "expected a string or a list of strings", row=i, column=o.steps_col)
-            if not steps or any(not s for s in steps):
-                raise InputError(self.path, "empty steps", row=i, column=o.steps_col)
-            ref = obj.get(o.reference_col) if o.reference_col else None
-            final = obj.get(o.answer_col) if o.answer_col else extract_final_answer(sep.join(steps))
-            pid = str(obj.get(o.problem_id_col)) if o.problem_id_col else f"{self.path.stem}-{_problem_key(prompt)}"
-            row = {"id": str(obj[o.id_col]) if o.id_col else f"{self.path.stem}-{i}", "problem_id": pid,
+                steps = _steps_list(raw, self.path, i, o.steps_col)
+                sep = "\n\n" if any("\n" in s for s in steps) else "\n"
+            ref = _scalar_text(obj.get(o.reference_col), self.path, i, o.reference_col) if o.reference_col else None
+            final = (_scalar_text(obj.get(o.answer_col), self.path, i, o.answer_col) if o.answer_col
+                     else extract_final_answer(sep.join(steps)))
+            pid = (str(_need(obj, o.problem_id_col, self.path, i, (str, int))) if o.problem_id_col
+                   else f"{self.path.stem}-{_problem_key(prompt)}")
+            rid = str(_need(obj, o.id_col, self.path, i, (str, int))) if o.id_col else f"{self.path.stem}-{i}"
+            if rid in seen_ids:
+                raise InputError(self.path, f"duplicate id {rid!r}", row=i, column=o.id_col)
+            seen_ids.add(rid)
+            row = {"id": rid, "problem_id": pid,
                    "source": f"{self.path.name}/{i}", "prompt": prompt,
                    "reference_answer": None if ref is None else str(ref), "steps": steps, "step_separator": sep,
                    "final_answer": None if final is None else str(final),
@@ -304,7 +359,8 @@ class Ingester:
             r.setdefault("outcome_correct", None)
             if o.first_error_col:
                 fe = _need(obj, o.first_error_col, self.path, i)
-                r["reference_first_error"] = fe if isinstance(fe, int) and not isinstance(fe, bool) else None
+                ok = isinstance(fe, int) and not isinstance(fe, bool) and -1 <= fe < len(r["steps"])
+                r["reference_first_error"] = fe if ok else None
                 r["reference_status"] = first_error_status(r["outcome_correct"], fe, len(r["steps"]))
                 if r["reference_status"] != "ok":
                     self.count("reference_inconsistent")
@@ -332,13 +388,22 @@ def ingest(fmt: str, path: str | Path, out: str | Path, opts: IngestOptions, che
         raise InputError(path, f"unknown format {fmt!r} (choose {', '.join(FORMATS)})")
     if not path.exists():
         raise InputError(path, "no such file")
+    if out.resolve() == path.resolve():
+        raise InputError(path, "OUT is the same file as the input; write the shard somewhere else")
+    if out.suffix != ".parquet":
+        raise InputError(out, "OUT must be a .parquet file path")
     ing = Ingester(fmt, path, opts, checker)
     rows, schema = ing.rows()
+    if not rows:
+        raise InputError(path, "no records to ingest" + (" after --skip" if opts.skip else ""))
     opt_doc = {k: v for k, v in vars(opts).items() if v not in (None, (), {}, "")}
     manifest = {"stage": "ingest", "stepkit_version": __version__,
                 "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                 "config": {"format": fmt, "options": opt_doc, "grader": checker_settings},
                 "input": {"path": str(path), "sha256": file_sha256(path)},
                 "counts": {"rows": len(rows), **ing.counts}}
-    write_shard(out, rows, schema, manifest)
+    try:
+        write_shard(out, rows, schema, manifest, source=path)
+    except OSError as e:
+        raise InputError(out, f"cannot write ({e.strerror or e})") from None
     return manifest

@@ -45,7 +45,7 @@ from stepkit.engines.base import Engine, Request, SamplingConfig
 from stepkit.grading.answers import extract_final_answer
 from stepkit.prompts import CONTINUATION, PromptTemplate, render_continuation
 from stepkit.runner import Stage
-from stepkit.schema import LABELER_REQUIRED, MC_FIELDS, check_steps, extend_schema
+from stepkit.schema import LABELER_REQUIRED, MC_FIELDS, check_steps, check_values, extend_schema
 
 MODES = ("exhaustive", "binary")
 
@@ -184,6 +184,9 @@ class MCLabelStage(Stage):
         return extend_schema(input_schema, MC_FIELDS)
 
     def validate(self, rows, path, first_row):
+        if first_row == 0:
+            self._seen_ids = set()
+        check_values(rows, path, first_row, ("id", "prompt"), unique="id", seen=self._seen_ids)
         check_steps(rows, path, first_row)
 
     def open(self):

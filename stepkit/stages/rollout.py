@@ -25,7 +25,7 @@ from stepkit.errors import ConfigError
 from stepkit.grading.answers import extract_final_answer
 from stepkit.grading.steps import split_steps
 from stepkit.runner import Stage
-from stepkit.schema import REFERENCE_FIELDS, ROLLOUT_FIELDS, TRAJECTORY_FIELDS
+from stepkit.schema import PROBLEM_FIELDS, ROLLOUT_FIELDS, TRAJECTORY_FIELDS, check_values
 from stepkit.shards import config_hash
 
 DEFAULT_INSTRUCTION = ("Solve the math problem step by step. Write one step per line, then a last line "
@@ -107,13 +107,22 @@ def load_recipe(path: str | Path) -> dict[str, Any]:
     unknown = set(doc) - known
     if unknown:
         raise ConfigError(f"{path}: unknown recipe keys {sorted(unknown)} (known: {sorted(known)})")
+    types = {"instruction": str, "system": (str, type(None)), "fewshot": int, "fewshot_file": (str, type(None)),
+             "split": str, "samples": int, "temperature": (int, float), "top_p": (int, float), "max_tokens": int,
+             "stop": (list, str), "description": str}
+    for key, value in doc.items():
+        if not isinstance(value, types[key]) or isinstance(value, bool):
+            raise ConfigError(f"{path}: recipe key {key!r} has {type(value).__name__} {value!r}, "
+                              f"expected {getattr(types[key], '__name__', 'a value of another type')}")
+    if isinstance(doc.get("stop"), str):  # one stop string, not its characters
+        doc["stop"] = [doc["stop"]]
     if doc.get("fewshot_file"):  # relative to the recipe file
         p = Path(doc["fewshot_file"])
         doc["fewshot_file"] = str(p if p.is_absolute() else (Path(path).parent / p))
     return doc
 
 
-OUTPUT_SCHEMA = pa.schema(TRAJECTORY_FIELDS + [f for f in REFERENCE_FIELDS if f.name == "reference_steps"]
+OUTPUT_SCHEMA = pa.schema(TRAJECTORY_FIELDS + [f for f in PROBLEM_FIELDS if f.name == "reference_steps"]
                           + ROLLOUT_FIELDS)
 
 
@@ -155,13 +164,10 @@ class RolloutStage(Stage):
         return OUTPUT_SCHEMA
 
     def validate(self, rows, path, first_row):
-        from stepkit.errors import InputError
-
-        for i, r in enumerate(rows):
-            if not r.get("prompt"):
-                raise InputError(path, "empty prompt", row=first_row + i, column="prompt")
-            if not r.get("problem_id"):
-                raise InputError(path, "empty problem_id", row=first_row + i, column="problem_id")
+        if first_row == 0:
+            self._seen = set()
+        # One row per problem: a trajectory shard (problem_id repeated) would give duplicate ids.
+        check_values(rows, path, first_row, ("problem_id", "prompt"), unique="problem_id", seen=self._seen)
 
     def open(self):
         self.engine = self.engine_factory()
