@@ -52,6 +52,7 @@ class Stage:
         return {}
 
     def output_schema(self, input_schema: pa.Schema) -> pa.Schema:
+        """The explicit schema of the output rows (input columns plus the stage's own)."""
         return input_schema
 
     def validate(self, rows: list[dict], path: Path, first_row: int) -> None:
@@ -72,10 +73,11 @@ class Stage:
         return {}
 
     def tokens_generated(self) -> int:
+        """Tokens generated so far by this stage's engine (for the progress bar and summary)."""
         return 0
 
     def close(self) -> None:
-        pass
+        """Release what :meth:`open` loaded."""
 
 
 @dataclass

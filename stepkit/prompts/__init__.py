@@ -29,10 +29,12 @@ class PromptTemplate:
     system: str | None = None
 
     def messages(self, problem: str) -> list[dict[str, str]]:
+        """Chat messages for ``problem`` (system message when set, then the user message)."""
         msgs = [{"role": "system", "content": self.system}] if self.system else []
         return msgs + [{"role": "user", "content": self.user.format(problem=problem)}]
 
     def hash(self) -> str:
+        """Short stable hash of the template (recorded in manifests)."""
         return config_hash(asdict(self))
 
 

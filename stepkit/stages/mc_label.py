@@ -78,11 +78,13 @@ class FirstErrorSearch:
         self.done = bool(outcome_correct)  # no error to search for under the no-recovery assumption
 
     def next_probe(self) -> int | None:
+        """The prefix length to estimate next, or None when the first zero is found."""
         if self.done or self.lo >= self.hi:
             return None
         return (self.lo + self.hi) // 2
 
     def observe(self, i: int, value: float | None) -> None:
+        """Record the estimated value of prefix length ``i`` (None: all continuations truncated)."""
         if value is not None and value == 0:
             self.hi = i
         else:
@@ -206,6 +208,10 @@ class MCLabelStage(Stage):
 
     # -- the method ---------------------------------------------------------------------------------
     def process(self, rows: list[dict]) -> tuple[list[dict], dict[str, int]]:
+        """Label one chunk: all of its continuation requests go to the engine in one call per round
+        (one round in exhaustive mode, one per search step in binary mode), so vLLM batches them and
+        shared prefixes hit its cache. Returns the rows with ``mc_*`` columns and the chunk's counters
+        (continuations, truncated, successes, prefixes_estimated, no_signal, ungraded)."""
         counters = {"continuations": 0, "truncated": 0, "successes": 0, "prefixes_estimated": 0,
                     "no_signal": 0, "ungraded": 0}
         todo = []

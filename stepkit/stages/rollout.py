@@ -51,9 +51,11 @@ class RolloutPrompt:
     version: str = "rollout-v1"
 
     def user(self, problem: str) -> str:
+        """The user message for ``problem``."""
         return f"{self.instruction}\n\nProblem: {problem}"
 
     def messages(self, problem: str) -> list[dict[str, str]]:
+        """Chat messages: system (optional), few-shot turns, then the problem."""
         msgs = [{"role": "system", "content": self.system}] if self.system else []
         for ex in self.fewshot:
             msgs.append({"role": "user", "content": self.user(ex["problem"])})
@@ -185,6 +187,8 @@ class RolloutStage(Stage):
         return self.engine.stats.generated_tokens if self.engine else 0
 
     def process(self, rows):
+        """Sample ``samples`` solutions for each problem row (one engine call per chunk) and return one
+        trajectory row per sample, plus counters (samples, truncated, no_final_answer, correct)."""
         prompts = [self.engine.render_chat(self.prompt.messages(r["prompt"])) for r in rows]
         results = self.engine.generate([Request(p, self.samples) for p in prompts], self.sampling)
         count = getattr(self.engine, "count_tokens", None)
