@@ -48,19 +48,53 @@ def check_rows(rows, k):
             assert 0 <= r["mc_first_error"] < m
 
 
-def test_cli_end_to_end_on_three_real_solutions(solutions, tmp_path):
-    """The whole command in its own process, as a user runs it (this test loads the model once)."""
+def _engine_children(pid: int) -> list:
+    import psutil
+
+    try:
+        return [p for p in psutil.Process(pid).children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def test_cli_end_to_end_killed_and_resumed(solutions, tmp_path):
+    """The whole command as a user runs it, on 3 real solutions: killed (whole process group, vLLM's
+    engine-core child included) after its first committed chunk, then run again to completion."""
+    import signal
+    import time
+
+    import psutil
+
     out = tmp_path / "labeled.parquet"
-    p = subprocess.run([sys.executable, "-m", "stepkit.cli", "mc-label", str(solutions), str(out),
-                        "--model", "smollm2-135m", "-k", "2", "--max-tokens", "96", "--no-progress"],
-                       capture_output=True, text=True, timeout=900, env={**os.environ})
+    parts = tmp_path / "labeled.parquet.parts"
+    cmd = [sys.executable, "-m", "stepkit.cli", "mc-label", str(solutions), str(out), "--model", "smollm2-135m",
+           "-k", "2", "--max-tokens", "96", "--no-progress", "--chunk-size", "1"]
+    proc = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 600
+    while not (parts / "part-00000.parquet").exists():
+        assert proc.poll() is None, proc.stderr.read()[-3000:]
+        assert time.time() < deadline
+        time.sleep(0.1)
+    children = _engine_children(proc.pid)
+    assert children, "the vLLM engine runs in child processes"
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    gone, alive = psutil.wait_procs(children, timeout=30)
+    assert not alive, f"engine processes survived the kill: {alive}"
+    committed = sorted(parts.glob("part-*.parquet"))
+    assert 1 <= len(committed) < 3 and not out.exists()
+    first_rows = pq.read_table(committed[0]).to_pylist()
+
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env={**os.environ})
     assert p.returncode == 0, p.stderr[-3000:]
     rows = pq.read_table(out).to_pylist()
     assert [r["id"] for r in rows] == [f"gsm8k-test-{i}:175b_verification" for i in range(3)]
+    assert rows[0] == first_rows[0]  # the committed chunk was kept, not regenerated
     check_rows(rows, 2)
     for r in rows:  # exhaustive: K continuations for every prefix but the last (the outcome)
         assert r["mc_rollouts"] == [2] * (len(r["steps"]) - 1) + [0]
     m = json.loads((tmp_path / "labeled.manifest.json").read_text())
+    assert m["run"]["resumed_chunks"] == len(committed) and m["run"]["chunks_this_run"] == 3 - len(committed)
     assert m["config"]["engine"]["enable_prefix_caching"] is True
     assert m["provenance"]["engine"]["engine"] == "vllm" and m["provenance"]["engine"]["vllm_version"]
     assert m["counts"]["continuations"] == sum(2 * len(r["steps"]) for r in rows)  # incl. v0
