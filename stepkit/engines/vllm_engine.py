@@ -232,6 +232,7 @@ class VLLMEngine(Engine):
             if r.n < 1:
                 raise ConfigError(f"a request needs n >= 1, got {r.n}")
         # vLLM refuses n > 1 with greedy sampling (temperature 0): send n copies with n=1 instead.
+        llm = self.llm  # raises StepkitError once closed
         greedy = sampling.temperature == 0
         prompts: list[str] = []
         owners: list[int] = []  # owners[j]: index of the request that vLLM prompt j belongs to
@@ -259,7 +260,7 @@ class VLLMEngine(Engine):
                     params.append(self.sampling_params(budget, n=n, index=len(prompts)))
                 prompts.append(r.prompt)
                 owners.append(i)
-        outputs = self.llm.generate(prompts, params, use_tqdm=False) if prompts else []
+        outputs = llm.generate(prompts, params, use_tqdm=False) if prompts else []
         if len(outputs) != len(prompts):  # pragma: no cover - vLLM guarantees one output per prompt
             raise StepkitError(f"vllm returned {len(outputs)} outputs for {len(prompts)} prompts")
 
