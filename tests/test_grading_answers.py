@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 from conftest import DATA
 
+from stepkit.grading import answers
 from stepkit.grading.answers import extract_final_answer, extract_gsm8k_reference, strip_calculator_annotations
 from stepkit.grading.verify import grade_text
 
@@ -41,6 +43,124 @@ GENERATORS = ["6b_finetuning", "6b_verification", "175b_finetuning", "175b_verif
 )
 def test_extract_final_answer(text, expected):
     assert extract_final_answer(text) == expected
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        # The phrase ends at the end of the answer's clause: prose word, comma clause, parenthesis, sentence.
+        ("The answer is 20 because 2+16=18.", "20"),
+        ("The answer is 20 since 2+16=18.", "20"),
+        ("The answer is 20, so 2+16=18 is wrong.", "20"),
+        ("The answer is 20; 2+16=18 was a slip.", "20"),
+        ("The answer is 7 (since 9 * 2 = 18).", "7"),
+        ("The answer is 18 (dollars).", "18"),
+        ("The answer is **18** (dollars).", "18"),
+        ("The answer is $18$, not $20$.", "18"),
+        ("The answer is 18, not 20.", "18"),
+        ("The answer is 18, I think.", "18"),
+        ("The answer is 18 and I'm sure.", "18"),
+        ("The answer is 18! I hope it helps.", "18"),
+        ("The answer is $18 because she has more.", "18"),
+        ("The answer is $\\frac{1}{2}$ cup.", "\\frac{1}{2}"),
+        ("The answer is \\frac{1}{2} of the pizza.", "\\frac{1}{2}"),
+        ("The answer is 18 dollars per hour.", "18"),
+        # ... but not inside the answer.
+        ("The answer is 1331 and 1728.", "1331 and 1728"),
+        ("The answer is 3, 4.", "3, 4"),
+        ("The answer is (3, 4).", "(3, 4)"),
+        ("The answer is x = (3, 4).", "x = (3, 4)"),
+        ("The answer is [2, 5).", "[2, 5)"),
+        ("The answer is $x \\in [2, 5)$.", "x \\in [2, 5)"),
+        ("The answer is 2ab.", "2ab"),
+        ("The answer is x^2 + xy.", "x^2 + xy"),
+        ("The answer is 2.5.", "2.5"),
+        ("The answer is 0.6666666666666666.", "0.6666666666666666"),
+        ("The answer is 5!", "5!"),
+        ("The answer is Devon Smith.", "Devon Smith"),
+        ("The answer is B.", "B"),
+        # Mixed math and text stays whole, so the checker compares all of it (False against "1").
+        ("The answer is $1$ - \\sqrt{2}.", "$1$ - \\sqrt{2}"),
+        ("The answer is \\(4\\) - \\sqrt{2}.", "\\(4\\) - \\sqrt{2}"),
+        # Answer labels and markdown emphasis.
+        ("The answer is **18**.", "18"),
+        ("**The answer is 18.**", "18"),
+        ("*The answer is 18*", "18"),
+        ("Answer: 18", "18"),
+        ("answer: 18", "18"),
+        ("Final answer: 18", "18"),
+        ("**Final Answer:** 18", "18"),
+        ("**Final Answer**: 18", "18"),
+        ("Work.\n\n**Answer:** $18$", "18"),
+        ("So that is it. Answer: 18", "18"),
+        ("The final answer is $\\boxed{18}$.", "18"),
+        ("The final answer is $\\boxed{18}$. I hope it is correct.", "18"),
+        ("The correct answer is 18.", "18"),
+        ("Final answer is 18", "18"),
+        ("Janet sells 9 eggs.\n#### 18", "18"),
+        ("Janet sells 9 eggs.\nA: 18", "18"),
+        # Not answer statements.
+        ("\\boxed{44}. We may check our answer: $17 \\cdot 44 = 748$.", "44"),
+        ("\\boxed{44}. So our answer is correct.", "44"),
+        ("\\boxed{44}. The answer is indeed right.", "44"),
+        # Nested and repeated boxes: the last (innermost) box.
+        ("\\boxed{\\boxed{7}}", "7"),
+        ("\\boxed{3} then \\boxed{ \\boxed{5} }", "5"),
+        ("\\boxed{\\{1, 2\\}}", "\\{1, 2\\}"),
+        ("\\boxed{1} \\boxed{}", "1"),
+    ],
+)
+def test_extract_answer_phrase_ends_with_its_clause(text, expected):
+    assert extract_final_answer(text) == expected
+
+
+def test_extraction_reads_only_the_tail():
+    answer_first = "The answer is 3.\n" + "filler line\n" * (answers.TAIL_CHARS // 8)
+    assert extract_final_answer(answer_first) is None
+    assert extract_final_answer("\\boxed{1}\n" + "x\n" * answers.TAIL_CHARS + "The answer is 2.") == "2"
+
+
+_MB = 1_000_000
+
+
+def _adversarial(n: int) -> dict[str, str]:
+    return {
+        "unclosed boxes": "\\boxed{" * (n // 7),
+        "closed nested boxes": "\\boxed{" * (n // 16) + "}" * (n // 16),
+        "nested boxes in text": "x \\boxed{" * (n // 18) + "}" * (n // 18),
+        "digits": "The answer is " + "1" * n,
+        "digits then word": "The answer is " + "1" * n + " ab1",
+        "leading zeros": "The answer is " + "0" * n + "a",
+        "number with commas": "The answer is " + "1," * (n // 2) + " a",
+        "boxed digits": "\\boxed{" + "1" * n + " ab1}",
+        "answer phrases": "The answer is " * (n // 14),
+        "answer labels": "Answer: \n" * (n // 9),
+        "empty math": "The answer is $$ " * (n // 17),
+        "emphasis": "The answer is " + "*" * n,
+        "open braces": "The answer is " + "{" * n,
+        "open parens": "The answer is 5 " + "(" * n,
+        "list": "The answer is 1" + ", 1" * (n // 3),
+        "currency": "The answer is $" + "a" * n,
+        "spaces": "The answer is" + " " * n + "5",
+    }
+
+
+@pytest.mark.parametrize("name", sorted(_adversarial(10)))
+def test_extraction_of_1mb_adversarial_text_is_fast(name):
+    text = _adversarial(_MB)[name]
+    start = time.perf_counter()
+    extract_final_answer(text)
+    assert time.perf_counter() - start < 1.0
+
+
+@pytest.mark.parametrize("name", sorted(_adversarial(10)))
+def test_extraction_is_linear_without_the_tail_cap(monkeypatch, name):
+    """Reading 256 KB in full (tail cap lifted) stays well under a second: no quadratic step."""
+    monkeypatch.setattr(answers, "TAIL_CHARS", 10 * _MB)
+    text = _adversarial(256_000)[name]
+    start = time.perf_counter()
+    extract_final_answer(text)
+    assert time.perf_counter() - start < 1.0
 
 
 def test_multi_boxed_not_concatenated(cases, checker):

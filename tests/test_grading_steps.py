@@ -114,6 +114,29 @@ def test_math_shepherd_stray_tag_in_problem_rejected():
 
 
 @pytest.mark.parametrize(
+    "text",
+    [
+        # The problem itself says "Step 1:", so the first step cannot be told from the problem.
+        "Do this. Step 1: add 2. Step 2: double. What is it? Step 1: 2 + 2 = 4. ки Step 2: 4 * 2 = 8. ки",
+        "Follow Step 1: add.\nStep 1: 2 + 2 = 4. ки\nStep 2: The answer is: 4 ки",
+        "Step 1: given x. Find y. Step 1: y = 2x. ки",
+        "Step  1 : as in the book. Step 1: y = 2x. ки",
+    ],
+)
+def test_math_shepherd_step_one_in_problem_rejected(text):
+    labels = ["+"] * text.count("ки")
+    with pytest.raises(ValueError, match="Step 1:"):
+        parse_tagged_steps(text, _label_text(text, labels))
+
+
+def test_math_shepherd_other_step_markers_in_problem_are_fine():
+    text = "Skip Step 2: of the recipe. Step 1: 2 + 2 = 4. ки Step 2: The answer is: 4 ки"
+    problem, steps, labels = parse_tagged_steps(text, _label_text(text, ["+", "-"]))
+    assert problem == "Skip Step 2: of the recipe."
+    assert steps == ["Step 1: 2 + 2 = 4.", "Step 2: The answer is: 4"] and labels == ["+", "-"]
+
+
+@pytest.mark.parametrize(
     "text, label_text, match",
     [
         ("P Step 1: a ки Step 2: b ки", "P Step 1: a + Step 2: b x", "'\\+' or '-'"),
@@ -122,6 +145,7 @@ def test_math_shepherd_stray_tag_in_problem_rejected():
         ("P Step 1: a ки Step 2: b ки tail", "P Step 1: a + Step 2: b - tail", "after the last"),
         ("P Step 1: a ки ки", "P Step 1: a + +", "empty step"),
         ("P Step 1: a", "P Step 1: a", "no step tag"),
+        ("P a ки b ки", "P a + b -", "no 'Step 1:'"),
     ],
 )
 def test_math_shepherd_malformed_rows(text, label_text, match):

@@ -2,51 +2,201 @@
 
 Only *extraction* lives here; deciding whether an extracted answer is right is math-verify's job
 (``stepkit.grading.verify``). Never compare answers by substring or exact string.
+
+Extraction runs in the caller's process with no timeout, so every step is linear in the length of the
+text: boxes are found in one pass over the braces, answer phrases are read by a bounded scanner, no
+regular expression here can backtrack quadratically, and only the last ``TAIL_CHARS`` characters of a
+very long text are read (answers are at the end).
 """
 
 from __future__ import annotations
 
 import re
 
+# Only this many trailing characters of a text are searched for its final answer. Answers are at the
+# end, and the cap bounds the work on adversarial text (1 MB of unclosed "\boxed{" or digits).
+TAIL_CHARS = 16_384
+# An answer phrase ("The answer is ...") is read for at most this many characters.
+_MAX_PHRASE = 1_000
+
+# Where an answer phrase starts; the answer itself is read by ``_phrase`` from the match end.
 # GSM8K reference solutions end with "#### 18"; the GPT-3 example solutions end with "A: 18".
-_HASHES = re.compile(r"####[ \t]*(?P<ans>[^\n]*)")
-_A_LINE = re.compile(r"^[ \t]*A:[ \t]*(?P<ans>[^\n]*)", re.MULTILINE)
-# "The answer is 18." / "the final answer is: $\frac12$" -- up to the end of the sentence or line.
-# A period ends the sentence only when followed by whitespace or the end, so "2.5" stays whole.
+_HASHES = re.compile(r"####")
+_A_LINE = re.compile(r"^[ \t]*A:", re.MULTILINE)
+# "The answer is 18", "the final answer is: ...", "The correct answer is ...", "Final answer is ..."
 _ANSWER_IS = re.compile(
-    r"\bthe\s+(?:final\s+)?answer\s+is\b[ \t]*:?[ \t]*(?P<ans>.*?)(?=\.\s|\.$|\n|$)",
-    re.IGNORECASE | re.DOTALL,
+    r"\b(?:the\s+(?:final\s+|correct\s+)?|final\s+)answer[*_]*\s+is\b[*_]*[ \t]*:?", re.IGNORECASE
 )
-_BOX_START = re.compile(r"\\(?:boxed|fbox)\s*\{")
+# A phrase starting with one of these words judges an answer ("the answer is correct") and states none.
+_VERDICT = re.compile(
+    r"(?:correct|incorrect|right|wrong|indeed|not|also|still|consistent|reasonable|valid|invalid|verified|"
+    r"confirmed|as\s+follows|below|above|given|clear|obvious|unknown)\b",
+    re.IGNORECASE,
+)
+# "Answer: 18", "Final answer: 18", "**Final Answer:** 18", "**Answer**: 18" -- as a label that starts a
+# line or a sentence ("We may check our answer: ..." is not one).
+_ANSWER_COLON = re.compile(
+    r"(?:^|(?<=[.!?][ \t]))[ \t>#*_]*(?:final[ \t]+)?answer[*_]*[ \t]*:", re.IGNORECASE | re.MULTILINE
+)
+_PATTERNS = (_HASHES, _A_LINE, _ANSWER_IS, _ANSWER_COLON)
+
+# One pass over box openings and (unescaped) braces.
+_BRACE_TOKEN = re.compile(r"\\(?:boxed|fbox)\s*\{|(?<!\\)[{}]")
 _CALC = re.compile(r"<<[^<>]*>>")
 _PLAIN_NUMBER = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?")
-_PADDED_INTEGER = re.compile(r"-?0+\d+")
 # A plain number followed only by unit words ("18 dollars", "5 cm"): words of 2+ letters, not "pi".
-_NUMBER_UNITS = re.compile(r"(?P<num>-?[\d,]*\.?\d+)(?:\s+(?!pi\b)[A-Za-z]{2,})+", re.IGNORECASE)
+# The number part has one way to match (no nested digit quantifiers), so a failing match is linear.
+_NUMBER_UNITS = re.compile(r"(?P<num>-?(?:\d[\d,]*)?(?:\.\d+)?)(?:\s+(?!pi\b)[A-Za-z]{2,})+", re.IGNORECASE)
+# Words that are mathematics inside an answer phrase, not prose ending it.
+_MATH_WORDS = frozenset({"pi", "infinity", "inf", "sqrt", "mod", "and", "or"})
+# After a comma or a top-level "and"/"or", what continues a list of answers ("1331 and 1728", "3, 4").
+_LIST_CONTINUES = re.compile(r"[ \t]*(?:-|\+|\$|\\|\(|\[|\{|\d|(?!I\b)[A-Za-z](?![A-Za-z]))")
 
 
-def _boxes(text: str) -> list[tuple[int, str]]:
-    r"""All ``\boxed{...}`` / ``\fbox{...}`` contents with balanced braces, as (start, content).
+def _boxes(text: str) -> list[tuple[int, int, int, bool]]:
+    r"""All ``\boxed{...}`` / ``\fbox{...}`` with balanced braces, sorted by start, as
+    (start, content start, content end, holds another box).
 
-    An unclosed box (truncated generation) is ignored.
+    One pass with a stack of open braces (escaped ``\{``/``\}`` are not counted), so nested or repeated
+    boxes cost linear time. An unclosed box (truncated generation) is ignored; a stray ``}`` closes
+    nothing.
     """
     found = []
-    for m in _BOX_START.finditer(text):
-        depth, i = 1, m.end()
-        while i < len(text) and depth:
-            depth += {"{": 1, "}": -1}.get(text[i], 0)
-            i += 1
-        if depth == 0:
-            found.append((m.start(), text[m.end() : i - 1]))
+    stack: list[list] = []  # [box start or -1 for a plain brace, content start, holds a box]
+    for m in _BRACE_TOKEN.finditer(text):
+        if m.group() == "}":
+            if stack:
+                start, content, inner = stack.pop()
+                if start >= 0:
+                    found.append((start, content, m.start(), inner))
+                if stack and (start >= 0 or inner):
+                    stack[-1][2] = True
+        else:
+            stack.append([m.start() if m.group() != "{" else -1, m.end(), False])
+    found.sort()
     return found
 
 
+def _skip_markup(text: str, i: int, end: int) -> int:
+    """Index after spaces, tabs and markdown emphasis (``*``, ``_``) starting at ``i``."""
+    while i < end and text[i] in " \t*_":
+        i += 1
+    return i
+
+
+def _sentence_end(text: str, i: int, end: int) -> bool:
+    """``text[i]`` is ``.``/``?``/``!`` that ends a sentence: followed (after emphasis) by space or end."""
+    j = i + 1
+    while j < end and text[j] in "*_":
+        j += 1
+    if j >= end or text[j] in " \t\r\n":
+        if text[i] != "!":
+            return True
+        # "5!" is a factorial; "18! I hope it helps" ends a sentence.
+        k = _skip_markup(text, j, end)
+        return k < end and text[k].isupper()
+    return False
+
+
+def _phrase(text: str, i: int, bound: int | None = None) -> str:
+    r"""The answer written from ``text[i]`` on, up to the end of its clause.
+
+    The rule: an answer is one mathematical phrase, so it ends at the first *clause boundary* that is at
+    the top level (outside ``$...$``, ``\(...\)``, ``\[...\]`` and outside ``{}``, ``()``, ``[]``):
+    a newline; a sentence end (``.``, ``?`` or ``!`` before a space or the end, so ``2.5`` stays
+    whole); ``;``; a comma that is not followed by another list item (``$18$, not $20$`` ends, ``3, 4``
+    does not); an opening parenthesis after a space once the answer has begun (``7 (since 9*2=18)``,
+    ``18 (dollars)``); and, once the answer holds mathematics (a digit, ``$``, ``\``), the first prose
+    word of two or more letters (``20 because ...``, ``18 dollars``, ``\frac12 of the pizza``), except
+    ``pi``/``infinity``/``mod`` and ``and``/``or`` between list items. An answer that begins with a word
+    ("The answer is Devon.") is read to the end of its sentence.
+    """
+    end = min(len(text) if bound is None else bound, i + _MAX_PHRASE)
+    i = _skip_markup(text, i, end)
+    start = i
+    math = None  # closing delimiter of the math mode we are in: "$", "$$", "\\)", "\\]"
+    depth = 0  # {} () [] nesting outside math
+    has_math = False  # the answer so far holds a digit, a math delimiter or a LaTeX command
+    operand = False  # the last token ends an operand (digit, letter, closing bracket or delimiter)
+    while i < end:
+        c = text[i]
+        if math is not None:
+            if c == "\n" and math in ("$", "\\)"):
+                break
+            if text.startswith(math, i) and (math[0] != "$" or text[i - 1] != "\\"):
+                i += len(math)
+                math, operand = None, True
+                continue
+            i += 1
+            continue
+        if c == "\\" and i + 1 < end:
+            nxt = text[i + 1]
+            if nxt in "([":
+                math, has_math = ("\\)" if nxt == "(" else "\\]"), True
+                i += 2
+                continue
+            has_math, operand = True, False
+            i += 2 if not nxt.isalpha() else 1
+            while i < end and text[i].isalpha():  # a command name is not a prose word
+                i += 1
+            continue
+        if c == "$":
+            delim = "$$" if text.startswith("$$", i) else "$"
+            # A "$" with no partner on its line is a currency sign, not math.
+            line_end = text.find("\n", i + len(delim), end)
+            if text.find(delim, i + len(delim), end if line_end < 0 else line_end) >= 0:
+                math, has_math = delim, True
+                i += len(delim)
+                continue
+            i += 1
+            continue
+        if c in "\r\n":
+            break
+        if c in " \t":
+            i += 1
+            continue
+        spaced = text[i - 1] in " \t"
+        if c in "{([":
+            if c == "(" and depth == 0 and spaced and operand and has_math:
+                break  # "7 (since 9 * 2 = 18)", "18 (dollars)"
+            depth += 1
+            operand = False
+        elif c in "})]":
+            depth = max(0, depth - 1)
+            operand = True
+        elif c.isalpha():
+            j = i
+            while j < end and text[j].isalpha():
+                j += 1
+            word = text[i:j].lower()
+            if depth == 0 and has_math and spaced and operand and j - i >= 2 and word not in _MATH_WORDS:
+                break  # "20 because ...", "$18$ dollars", "\\frac12 of the pizza"
+            if depth == 0 and word in ("and", "or") and has_math and not _LIST_CONTINUES.match(text, j):
+                break
+            i, operand = j, word not in ("and", "or")
+            continue
+        elif depth == 0 and c == ";":
+            break
+        elif depth == 0 and c in ".?!" and _sentence_end(text, i, end):
+            break
+        elif depth == 0 and c == "," and not _LIST_CONTINUES.match(text, i + 1):
+            break  # "$18$, not $20$", "18, so ..."
+        elif c.isdigit():
+            has_math = operand = True
+        elif c not in "*_":  # markdown emphasis (or a subscript mark) after an operand keeps it one
+            operand = False
+        i += 1
+    return text[start:i]
+
+
 def _clean(ans: str) -> str:
-    """Normalize one captured answer: last box inside it, no ``$``/period wrapping, no thousands commas."""
-    ans = ans.strip()
+    """Normalize one captured answer: last box inside it, no ``$``/period/emphasis wrapping, no thousands
+    commas, no leading zeros."""
+    ans = ans.strip().strip("*_").strip()
     boxes = _boxes(ans)
-    if boxes:
-        ans = boxes[-1][1].strip()
+    if boxes:  # the last box inside the phrase (the innermost, when boxes are nested)
+        _, a, b, _ = boxes[-1]
+        ans = ans[a:b].strip()
     ans = ans.rstrip(" .")
     if ans.startswith("\\$"):  # escaped currency sign
         ans = ans[2:]
@@ -54,43 +204,67 @@ def _clean(ans: str) -> str:
         ans = ans.strip("$")  # currency "$18" or inline math "$\frac12$"
     if ans.startswith("\\(") and ans.endswith("\\)"):
         ans = ans[2:-2]
-    ans = ans.strip().rstrip(" .")
+    ans = ans.strip().rstrip(" .").strip("*_").strip()
     m = _NUMBER_UNITS.fullmatch(ans)
-    if m:
+    if m and m.group("num").lstrip("-"):
         ans = m.group("num")
     if _PLAIN_NUMBER.fullmatch(ans):
         ans = ans.replace(",", "")
-    if _PADDED_INTEGER.fullmatch(ans):  # AIME-style "004" -> "4"
-        ans = str(int(ans))
+    digits = ans.lstrip("-")
+    if len(digits) > 1 and digits.isdigit() and digits.isascii() and digits[0] == "0":  # AIME "004" -> "4"
+        ans = ans[: len(ans) - len(digits)] + (digits.lstrip("0") or "0")
     return ans
+
+
+def _tail(text: str) -> str:
+    """The last ``TAIL_CHARS`` characters of ``text``, from a line start when one is near the cut."""
+    if len(text) <= TAIL_CHARS:
+        return text
+    tail = text[-TAIL_CHARS:]
+    nl = tail.find("\n", 0, 1024)
+    return tail[nl + 1 :] if nl >= 0 else tail
 
 
 def extract_final_answer(text: str) -> str | None:
     r"""Extract the final answer of a solution or continuation.
 
     Patterns: GSM8K ``#### N``; ``A: N`` at a line start (GPT-3 GSM8K solutions); "the answer is N" /
-    "the final answer is N" (case-insensitive, up to the end of the sentence or line); ``\boxed{...}`` and
-    ``\fbox{...}`` with balanced braces. The occurrence that *starts last* in the text wins, across all
-    patterns, so a repeated box (``\boxed{840} ... \boxed{840}``) gives ``840``, never a concatenation
-    (math-verify issue fixed in 0.8.0, kept as case ``mv-multi-boxed-concatenation``).
+    "the final answer is: N"; "Answer: N" / "Final answer: N" (case-insensitive; markdown emphasis such as
+    ``**Final Answer:** 18`` or ``The answer is **18**.`` is ignored); ``\boxed{...}`` and ``\fbox{...}``
+    with balanced braces. The occurrence that *starts last* in the text wins, across all patterns, so a
+    repeated box (``\boxed{840} ... \boxed{840}``) gives ``840``, never a concatenation (math-verify issue
+    fixed in 0.8.0, kept as case ``mv-multi-boxed-concatenation``).
 
-    The answer is cleaned: box content taken if the captured sentence holds a box, trailing period and
+    A phrase pattern reads only its answer, up to the end of the answer's clause (see ``_phrase``):
+    "The answer is 20 because 2+16=18." gives ``20``, "The answer is $18$, not $20$." gives ``18``,
+    "The answer is 18 (dollars)." gives ``18``.
+
+    The answer is cleaned: box content taken if the captured phrase holds a box, trailing period and
     ``$`` stripped, a leading ``$``/``\$`` currency sign dropped, thousands separators removed from plain
     numbers ("1,000" -> "1000"), leading zeros dropped from integers ("004" -> "4"), trailing unit words
     after a plain number dropped ("18 dollars" -> "18"). LaTeX is kept as is.
+
+    Only the last ``TAIL_CHARS`` characters are searched; the work is linear in their length.
 
     Args:
         text: solution or continuation text.
     Returns:
         The answer of the last non-empty occurrence, or None when there is none.
     """
+    text = _tail(text)
+    # (start, content start, content end or -1 for a phrase, holds another box)
     candidates = _boxes(text)
-    for pattern in (_HASHES, _A_LINE, _ANSWER_IS):
-        candidates += [(m.start(), m.group("ans")) for m in pattern.finditer(text)]
-    for _, raw in sorted(candidates, key=lambda c: c[0], reverse=True):
-        ans = _clean(raw)
+    for pattern in _PATTERNS:
+        candidates += [(m.start(), m.end(), -1, False) for m in pattern.finditer(text)]
+    bound = len(text)  # a phrase ends where the next candidate starts, so all phrases together are linear
+    for start, a, b, inner in sorted(candidates, key=lambda c: c[0], reverse=True):
+        # A box holding another box would give the innermost last box, already tried (it starts later).
+        ans = "" if inner else _clean(text[a:b] if b >= 0 else _phrase(text, a, bound))
+        if b < 0 and _VERDICT.match(ans):
+            ans = ""
         if ans:
             return ans
+        bound = min(bound, start)
     return None
 
 
@@ -106,7 +280,7 @@ def extract_gsm8k_reference(answer_field: str) -> str:
         ValueError: the field has no ``#### N`` line (or it is empty).
     """
     matches = list(_HASHES.finditer(answer_field))
-    ans = _clean(matches[-1].group("ans")) if matches else ""
+    ans = _clean(_phrase(answer_field, matches[-1].end())) if matches else ""
     if not ans:
         raise ValueError(f"no '#### <answer>' line in GSM8K answer field: {answer_field[-80:]!r}")
     return ans

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 
 _STEP_MARKER = re.compile(r"\bStep\s+\d+\s*:")
+_STEP_ONE = re.compile(r"\bStep\s+1\s*:")
 _BLANK_LINE = re.compile(r"\n[ \t]*\n")
 _MODE_SEPARATORS = {"newline": "\n", "blank": "\n\n", "step": "\n"}
 
@@ -95,12 +96,15 @@ def parse_tagged_steps(input_text: str, label_text: str, tag: str = "ки") -> t
 
     The k-th tag (0-based) at input offset ``p`` holds its label at ``p - k * (len(tag) - 1)`` in the label
     text (case ``math-shepherd-label-extraction``); keeping every ``+``/``-`` character instead also picks
-    up arithmetic signs. The problem is the text before the first ``Step 1:``.
+    up arithmetic signs. The problem is the text before ``Step 1:``, which must occur exactly once before
+    the first tag.
 
     Raises:
         ValueError: no tag; label text not equal to the input with tags replaced by labels; a label that
         is not ``+``/``-``; a tag before ``Step 1:`` (a stray tag in the problem makes alignment
-        ambiguous, so the row is rejected rather than shifted); an empty step; text after the last tag.
+        ambiguous, so the row is rejected rather than shifted); no ``Step 1:`` before the first tag, or
+        more than one (the problem text itself contains "Step 1:", so where the steps begin is
+        ambiguous); an empty step; text after the last tag.
     """
     positions = [m.start() for m in re.finditer(re.escape(tag), input_text)]
     if not positions:
@@ -117,9 +121,17 @@ def parse_tagged_steps(input_text: str, label_text: str, tag: str = "ки") -> t
         rebuilt = rebuilt.replace(tag, lab, 1)
     if rebuilt != label_text:
         raise ValueError("label text is not the input text with each step tag replaced by its label")
-    first = input_text.find("Step 1:")
-    if first < 0 or first > positions[0]:
-        raise ValueError(f"step tag {tag!r} inside the problem text (before 'Step 1:'): ambiguous alignment")
+    firsts = [m.start() for m in _STEP_ONE.finditer(input_text, 0, positions[0])]
+    if not firsts:
+        if _STEP_ONE.search(input_text):
+            raise ValueError(f"step tag {tag!r} inside the problem text (before 'Step 1:'): ambiguous alignment")
+        raise ValueError("no 'Step 1:' before the first step tag: cannot tell where the steps begin")
+    if len(firsts) > 1:
+        raise ValueError(
+            f"'Step 1:' occurs {len(firsts)} times before the first step tag (the problem text contains it): "
+            "cannot tell where the steps begin"
+        )
+    first = firsts[0]
     chunks = input_text[first:].split(tag)
     if chunks[-1].strip():
         raise ValueError(f"text after the last step tag: {chunks[-1].strip()[:60]!r}")

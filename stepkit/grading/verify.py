@@ -23,29 +23,53 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wai
 from concurrent.futures.process import BrokenProcessPool
 from importlib.metadata import version
 
-from math_verify import parse, verify
+from math_verify import LatexExtractionConfig, parse, verify
+from sympy import Basic, Expr, Float, MatrixBase, Rational, UnevaluatedExpr
+from sympy.core.relational import Relational
+from sympy.logic.boolalg import And
 
 from stepkit.errors import ConfigError, StepkitError
 from stepkit.grading.answers import extract_final_answer
 
-# Base number of decimal places floats are rounded to before comparison (math-verify's default, 6), so
-# that 1/3 matches 0.333333. verify_answer raises it per pair to the number of decimals actually written
-# in the gold or the prediction: 0.0000001 vs 0.0000002 compares at 7 places and is False (case
-# mv-float-rounding-false-positive), while 1/3 vs 0.333333 compares at 6 places and stays True.
+# Floats are compared at d = max(FLOAT_ROUNDING, decimals written in the prediction, decimals written in
+# a decimal gold) places: the prediction counts when it equals the gold rounded to d places,
+# |pred - gold| <= 0.5 * 10^-d. So 1/3 matches 0.333333 (d = 6), 0.33 does not, and 0.0000001 vs
+# 0.0000002 compares at 7 places and is False (case mv-float-rounding-false-positive). The comparison is
+# never finer than NUMERIC_PRECISION significant digits (relative tolerance 10^-(NUMERIC_PRECISION - 1)),
+# the precision of a float64 printed by a program: 2/3 matches 0.6666666666666666 and sqrt(2) matches
+# 1.4142135623730951 although neither is the correctly rounded 16-place decimal.
 FLOAT_ROUNDING = 6
-# Significant digits for symbolic-numeric comparison (math-verify's default).
+# Significant digits for numeric comparison (math-verify's default; also the float64 floor above).
 NUMERIC_PRECISION = 15
 # math-verify strict mode: variables matter (x+1 != y+1) and sets are not equal to tuples.
 STRICT = True
 # Seconds allowed for a new pool's workers to start and import sympy/math-verify.
 STARTUP_TIMEOUT = 120.0
 
-_FLOAT_ROUNDING_RULE = "max(float_rounding, decimal places written in gold or prediction)"
+_FLOAT_ROUNDING_RULE = (
+    "a real-number pair with a decimal is equal when |pred - gold| <= max(0.5 * 10^-d, |gold| * "
+    "10^-(numeric_precision - 1)), d = max(float_rounding, decimals written in pred, decimals written in "
+    "gold); inside tuples/sets/intervals math-verify rounds both to d places"
+)
+_WHOLE_RULE = (
+    "each answer is parsed as one expression, \\boxed{answer} with outer $...$/\\(...\\)/\\[...\\]/\\boxed{} "
+    "removed (LaTeX extraction only); a prediction with inner math delimiters is compared as the whole text "
+    "without them, a gold with them is a ConfigError; an answer whose parse lost digits or kept only the "
+    "last part of an equation chain is False (prediction) or a ConfigError (gold)"
+)
+_LATEX_ONLY = [LatexExtractionConfig()]
 _UNESCAPED_DOLLAR = re.compile(r"(?<!\\)\$")
+# Math-mode delimiters: unescaped $ or $$, \( \) \[ \].
+_MATH_DELIM = re.compile(r"(?<!\\)(?:\$\$?|\\[()\[\]])")
+_BOX_OPEN = re.compile(r"\\(?:boxed|fbox)\s*\{")
+_CURRENCY = re.compile(r"(?<!\\)\$(?=\s*[\d.])")
 _DECIMALS = re.compile(r"\d*\.(\d+)")
 _DIGITS = re.compile(r"\d")
-# Unit text such as "\mbox{ inches}^2": its exponent is dropped by math-verify and is not a lost number.
-_UNIT = re.compile(r"\\(?:text|mbox|mathrm)\s*\{[^{}]*\}(?:\^\{?\d+\}?)?")
+# Unit text such as "\mbox{ inches}^2": its exponent is dropped by math-verify and is not a lost number
+# (text with digits, "\text{ (or 20)}", is not a unit: losing it is losing a number).
+_UNIT = re.compile(r"\\(?:text|mbox|mathrm)\s*\{[^{}\d]*\}(?:\^\{?\d+\}?)?")
+# math-verify's own split of an equation chain (math_verify.parser.equation_split_regex).
+_EQ_SPLIT = re.compile(r"(?<!\\|<|!|>)=")
 
 
 class _DropTimeoutDisabledWarning(logging.Filter):
@@ -71,6 +95,7 @@ def checker_settings(
         "numeric_precision": numeric_precision,
         "strict": STRICT,
         "wrap": r"\boxed{...} unless the answer already has $...$ or \boxed",
+        "whole_answer_rule": _WHOLE_RULE,
     }
 
 
@@ -79,48 +104,140 @@ def wrap_answer(answer: str) -> str:
 
     Unwrapped, math-verify parses bare LaTeX only up to its last simple number: ``1 - \sqrt{2}`` becomes
     ``1`` and ``1331 and 1728`` becomes ``1728`` (case ``mv-unwrapped-gold-truncated``). Answers that
-    already contain unescaped ``$`` or ``\boxed`` are returned unchanged.
+    already contain unescaped ``$`` or ``\boxed`` are returned unchanged. (The checker itself goes further,
+    see ``whole_answer``.)
     """
     if _UNESCAPED_DOLLAR.search(answer) or "\\boxed" in answer:
         return answer
     return "\\boxed{" + answer + "}"
 
 
-def _truncated(gold: str, matched: str) -> bool:
-    r"""True when math-verify parsed only a piece of ``gold``: the text it matched is a substring of the
-    gold with fewer digits (unit exponents such as ``\mbox{ cm}^2`` not counted). A normalized match
-    (``2.5`` -> ``\frac{5}{2}``, ``\frac12`` -> ``\frac{1}{2}``) is not a substring and is accepted."""
-    n_digits = len(_DIGITS.findall(_UNIT.sub("", gold)))
-    return matched.strip() in gold and len(_DIGITS.findall(matched)) < n_digits
+def _closing_brace(text: str, open_end: int) -> int:
+    """Index of the brace closing the one that ends at ``open_end`` (-1 if unclosed)."""
+    depth = 1
+    for m in re.compile(r"(?<!\\)[{}]").finditer(text, open_end):
+        depth += 1 if m.group() == "{" else -1
+        if depth == 0:
+            return m.start()
+    return -1
+
+
+def _balanced(text: str) -> bool:
+    depth = 0
+    for m in re.finditer(r"(?<!\\)[{}]", text):
+        depth += 1 if m.group() == "{" else -1
+        if depth < 0:
+            return False
+    return depth == 0
+
+
+def whole_answer(answer: str) -> tuple[str, bool]:
+    r"""The answer as one LaTeX expression for ``\boxed{...}``, and whether it mixed math and plain text.
+
+    Outer wrappers that enclose the whole answer (``$...$``, ``$$...$$``, ``\(...\)``, ``\[...\]``,
+    ``\boxed{...}``, ``\fbox{...}``) are removed, and a lone ``$`` before a number is a currency sign.
+    Math delimiters left inside (``$1$ - \sqrt{2}``, ``\boxed{1} - \sqrt{2}``) mean the answer *mixed*
+    delimited math with text outside it; math-verify would parse only the delimited piece, so they are
+    removed and the whole text is returned (``1 - \sqrt{2}``) with ``mixed=True``.
+    """
+    s = answer.strip()
+    while True:
+        for opener, closer in (("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]")):
+            if len(s) >= len(opener) + len(closer) and s.startswith(opener) and s.endswith(closer):
+                inner = s[len(opener) : len(s) - len(closer)]
+                if not _MATH_DELIM.search(inner) and not inner.endswith("\\"):
+                    s = inner.strip()
+                    break
+        else:
+            m = _BOX_OPEN.match(s)
+            if m and _closing_brace(s, m.end()) == len(s) - 1:
+                s = s[m.end() : -1].strip()
+                continue
+            break
+    if len(_UNESCAPED_DOLLAR.findall(s)) == 1 and _CURRENCY.search(s):
+        s = _CURRENCY.sub("", s, count=1).strip()
+    mixed = bool(_MATH_DELIM.search(s) or _BOX_OPEN.search(s))
+    if mixed:
+        s = " ".join(_BOX_OPEN.sub("{", _MATH_DELIM.sub(" ", s)).split())
+    return s, mixed
+
+
+def _is_relation(expr) -> bool:
+    return isinstance(expr, Relational) or (isinstance(expr, And) and all(
+        isinstance(a, Relational) for a in expr.args))
+
+
+def _parse_whole(answer: str, role: str) -> tuple[list | None, str | None]:
+    """Parse ``answer`` as one expression; returns (parsed, None) or (None, why it is unusable).
+
+    ``role`` is "gold" or "prediction": a gold that mixes delimited math with plain text is unusable
+    (it is ambiguous which part is meant); a prediction is compared as the whole text.
+    """
+    if answer is None or not str(answer).strip():
+        return None, f"empty {role} answer"
+    whole, mixed = whole_answer(str(answer))
+    if mixed and role == "gold":
+        return None, "mixes $...$/\\(...\\)/\\boxed{} math with text outside it: give it as plain LaTeX"
+    if not whole:
+        return None, f"empty {role} answer"
+    if not _balanced(whole):
+        return None, "has unbalanced braces"
+    parsed = parse("\\boxed{" + whole + "}", extraction_config=_LATEX_ONLY, parsing_timeout=None)
+    if not parsed:
+        return None, "math-verify cannot parse it"
+    if not isinstance(parsed[0], (Basic, MatrixBase)):
+        return None, "math-verify parses it only as text, not as math"
+    matched = parsed[-1] if isinstance(parsed[-1], str) else str(parsed[0])
+    lost = len(_DIGITS.findall(matched)) < len(_DIGITS.findall(_UNIT.sub("", whole)))
+    chain = len(_EQ_SPLIT.split(matched)) > 2 and "," not in matched and ";" not in matched
+    if lost or (chain and not _is_relation(parsed[0])):
+        return None, f"math-verify parses only part of it ({matched!r})"
+    return parsed, None
 
 
 @functools.lru_cache(maxsize=4096)
 def _parse_gold(gold: str) -> list:
-    """Parse a gold answer; raise ConfigError when it parses to nothing or lost part of its text.
-
-    The general rule behind ``mv-unwrapped-gold-truncated``: math-verify returns ``[expr, matched_text]``;
-    a gold whose matched text is a shorter piece of it (``$1$ - \\sqrt{2}`` -> ``1``, see ``_truncated``)
-    was parsed from a strict subset of itself, and comparing against it would accept wrong answers.
-    Wrapping (``wrap_answer``) prevents this for bare golds; the check catches partially wrapped ones.
-    """
-    if gold is None or not str(gold).strip():
-        raise ConfigError(f"empty gold answer: {gold!r}")
-    gold = str(gold)
-    parsed = parse(wrap_answer(gold), parsing_timeout=None)
-    if not parsed:
-        raise ConfigError(f"math-verify cannot parse gold answer {gold!r}")
-    matched = parsed[-1] if isinstance(parsed[-1], str) else str(parsed[0])
-    if _truncated(gold, matched):
-        raise ConfigError(
-            f"gold answer {gold!r} parses only as {matched!r}; "
-            "give it as plain LaTeX without partial $...$ or \\boxed"
-        )
+    """Parse a gold answer; raise ConfigError when it is unusable (see ``gold_problem``)."""
+    parsed, why = _parse_whole(gold, "gold")
+    if why:
+        raise ConfigError(f"gold answer {gold!r} {why}")
     return parsed
+
+
+def gold_problem(gold: str) -> str | None:
+    """One line saying why ``gold`` cannot be used as a reference answer, or None when it is fine.
+
+    Unusable: empty; mixing delimited math with plain text (``$1$ - \\sqrt{2}``); unbalanced braces;
+    unparseable, or parseable only as text; parsed from a strict part of itself (lost digits, or only the
+    last part of an equation chain). Never raises for a bad gold; in-process, no timeout.
+    """
+    try:
+        _parse_gold(gold)
+    except ConfigError as e:
+        return str(e)
+    except Exception as e:  # noqa: BLE001 - a parser crash on a gold is a problem of that gold
+        return f"gold answer {gold!r}: math-verify failed: {type(e).__name__}: {e}"[:300]
+    return None
 
 
 def _decimals(text: str) -> int:
     """Largest number of decimal places of a number written in ``text`` (0 if none)."""
     return max((len(m) for m in _DECIMALS.findall(text)), default=0)
+
+
+def _real_number(expr) -> bool:
+    """A real constant (no symbols, no percent sign, not a set/relation/matrix)."""
+    return isinstance(expr, Expr) and expr.is_number and expr.is_real is True and not expr.has(UnevaluatedExpr)
+
+
+def _numbers_agree(gold: Expr, pred: Expr, decimals: int, numeric_precision: int) -> bool:
+    """|pred - gold| <= max(0.5 * 10^-decimals, |gold| * 10^-(numeric_precision - 1)), in 50-digit
+    arithmetic (see FLOAT_ROUNDING)."""
+    digits = max(50, decimals + 20)
+    diff = abs((gold - pred).evalf(digits))
+    tol = max(Rational(1, 2) * Rational(10) ** -decimals,
+              abs(gold.evalf(digits)) * Rational(10) ** -(numeric_precision - 1))
+    return bool(diff <= tol)
 
 
 def verify_answer(
@@ -131,25 +248,32 @@ def verify_answer(
 ) -> bool:
     """In-process check that an extracted answer ``pred`` is equivalent to ``gold`` (math-verify).
 
-    Both are wrapped (``wrap_answer``) and parsed with math-verify's signal timeouts disabled, so this is
-    safe in any thread, but has no timeout: use ``AnswerChecker`` for untrusted model output.
-    Float rounding is ``max(float_rounding, decimals written in gold or pred)`` (see FLOAT_ROUNDING).
+    Each side is parsed as one whole expression (``whole_answer``, LaTeX extraction only), with
+    math-verify's signal timeouts disabled, so this is safe in any thread, but has no timeout: use
+    ``AnswerChecker`` for untrusted model output. A prediction that math-verify parses only in part
+    (digits lost, or only the last part of an equation chain kept) is False, never its part's value.
+    Real numbers involving a decimal are compared by the rounding rule of FLOAT_ROUNDING; everything
+    else by math-verify's ``verify`` with float rounding ``max(float_rounding, decimals written)``.
 
     Returns:
-        True when equivalent; False when not, or when ``pred`` is None or does not parse.
+        True when equivalent; False when not, or when ``pred`` is None or does not parse whole.
     Raises:
-        ConfigError: the gold answer is empty, does not parse, or parses to a strict subset of itself.
+        ConfigError: the gold answer is unusable (see ``gold_problem``).
     """
     gold_parsed = _parse_gold(gold)
-    if pred is None or not pred.strip():
+    if pred is None or not str(pred).strip():
         return False
-    pred_parsed = parse(wrap_answer(pred), parsing_timeout=None)
-    if not pred_parsed:
+    pred_parsed, _ = _parse_whole(pred, "prediction")
+    if pred_parsed is None:
         return False
+    decimals = max(float_rounding, _decimals(pred), _decimals(gold))
+    g, p = gold_parsed[0], pred_parsed[0]
+    if _real_number(g) and _real_number(p) and (g.has(Float) or p.has(Float)):
+        return _numbers_agree(g, p, decimals, numeric_precision)
     return verify(
         gold_parsed,
         pred_parsed,
-        float_rounding=max(float_rounding, _decimals(gold), _decimals(pred)),
+        float_rounding=decimals,
         numeric_precision=numeric_precision,
         strict=STRICT,
         timeout_seconds=None,
@@ -169,8 +293,10 @@ class AnswerChecker:
     Results are memoized per (gold, pred) pair, including timeouts. Workers start on first use.
     At most ``workers`` checks are in flight, so each one's clock starts when a worker is free.
 
+    Validate gold answers before generating with ``gold_problems``; ``check_many`` raises on a bad gold.
+
     Raises (from ``check``/``check_many``):
-        ConfigError: a gold answer is empty or unparseable (see ``verify_answer``).
+        ConfigError: a gold answer is unusable (see ``gold_problem``).
         StepkitError: the pool cannot start, or a pair crashes its worker twice.
     """
 
@@ -187,6 +313,7 @@ class AnswerChecker:
         self.float_rounding, self.numeric_precision = float_rounding, numeric_precision
         self.timeouts = 0
         self._cache: dict[tuple[str, str], bool] = {}
+        self._gold_cache: dict[str, str | None] = {}
         self._pool: ProcessPoolExecutor | None = None
         self._lock = threading.Lock()  # one batch at a time when called from several threads
 
@@ -208,20 +335,54 @@ class AnswerChecker:
         with self._lock:
             todo = list(dict.fromkeys(k for k in keys if k[1] is not None and k not in self._cache))
             if todo:
-                self._run(todo)
+                self._run(todo, self._submit_pair, self._cache, timed_out=False, crashed=None)
             return [pred is not None and self._cache[(gold, pred)] for gold, pred in keys]
 
-    def _run(self, keys: list[tuple[str, str]]) -> None:
+    def gold_problems(self, golds: list[str]) -> dict[str, str | None]:
+        """Validate gold answers before generating: gold -> one-line reason it is unusable, or None.
+
+        Runs ``gold_problem`` in the pool with the same timeout (a gold whose parse times out is
+        reported), memoized per gold. Never raises for a bad gold (empty, ``}``, mixed ``$1$ - \\sqrt{2}``,
+        unparseable, parsed from a part of itself); a gold reported here makes ``check_many`` raise
+        ConfigError.
+
+        Raises:
+            StepkitError: the pool cannot start.
+        """
+        with self._lock:
+            todo = list(dict.fromkeys(g for g in golds if g not in self._gold_cache))
+            if todo:
+                self._run(
+                    todo,
+                    self._submit_gold,
+                    self._gold_cache,
+                    timed_out=f"parsing it took longer than the {self.timeout:g} s answer-check timeout",
+                    crashed="parsing it crashed the answer-check worker",
+                )
+            return {g: self._gold_cache[g] for g in golds}
+
+    def _submit_pair(self, pool: ProcessPoolExecutor, key: tuple[str, str]) -> Future:
+        return pool.submit(verify_answer, *key, self.float_rounding, self.numeric_precision)
+
+    def _submit_gold(self, pool: ProcessPoolExecutor, gold: str) -> Future:
+        return pool.submit(gold_problem, gold)
+
+    def _run(self, keys: list, submit, cache: dict, timed_out, crashed) -> None:
+        """Run ``submit(pool, key)`` for each key, storing results in ``cache``.
+
+        A key running past ``timeout`` gets ``timed_out`` (counted in ``timeouts``; the pool is rebuilt).
+        A key whose worker dies is retried once; dying twice gives ``crashed``, or raises StepkitError
+        when ``crashed`` is None. Other exceptions from a worker propagate.
+        """
         queue = deque(keys)
-        running: dict[Future, tuple[tuple[str, str], float]] = {}
-        crashed: set[tuple[str, str]] = set()
+        running: dict[Future, tuple[object, float]] = {}
+        died: set = set()
         try:
             while queue or running:
                 pool = self._get_pool()
                 while queue and len(running) < self.workers:
                     key = queue.popleft()
-                    fut = pool.submit(verify_answer, *key, self.float_rounding, self.numeric_precision)
-                    running[fut] = (key, time.monotonic() + self.timeout)
+                    running[submit(pool, key)] = (key, time.monotonic() + self.timeout)
                 first_deadline = min(deadline for _, deadline in running.values())
                 wait(running, timeout=max(0.0, first_deadline - time.monotonic()), return_when=FIRST_COMPLETED)
                 now, stuck = time.monotonic(), False
@@ -229,16 +390,19 @@ class AnswerChecker:
                     if fut.done():
                         del running[fut]
                         try:
-                            self._cache[key] = fut.result()
+                            cache[key] = fut.result()
                         except BrokenProcessPool:  # a worker died (e.g. out of memory): retry once
-                            if key in crashed:
-                                raise StepkitError(f"answer check crashed its worker twice: {key!r}")
-                            crashed.add(key)
-                            queue.appendleft(key)
+                            if key in died:
+                                if crashed is None:
+                                    raise StepkitError(f"answer check crashed its worker twice: {key!r}")
+                                cache[key] = crashed
+                            else:
+                                died.add(key)
+                                queue.appendleft(key)
                             stuck = True
                     elif deadline <= now:
                         del running[fut]
-                        self._cache[key] = False
+                        cache[key] = timed_out
                         self.timeouts += 1
                         stuck = True
                 if stuck:  # re-run unfinished checks on a fresh pool
