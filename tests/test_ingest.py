@@ -197,3 +197,11 @@ def test_processbench_malformed_rows(tmp_path, checker):
         src.write_text(json.dumps([good, {**good, **bad}]))
         with pytest.raises(InputError, match=rf"row 1, column '\w+': {msg}"):
             ingest("processbench", src, tmp_path / "o.parquet", IngestOptions(), checker, checker_settings())
+
+
+def test_unusable_reference_names_row_and_column(tmp_path, checker):
+    src = tmp_path / "t.jsonl"
+    src.write_text('{"prompt": "a", "steps": ["The answer is 2."], "gold": "2"}\n'
+                   '{"prompt": "b", "steps": ["The answer is 2."], "gold": "}"}\n')
+    with pytest.raises(InputError, match=r"t.jsonl: row 1, column 'gold': unusable reference answer"):
+        ingest("jsonl", src, tmp_path / "o.parquet", IngestOptions(reference_col="gold"), checker, checker_settings())

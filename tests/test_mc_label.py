@@ -175,3 +175,13 @@ def test_search_counts_probes():
         probes.append(p)
         s.observe(p, 0.0 if p >= 11 else 0.5)
     assert s.hi == 11 and len(probes) <= 4
+
+
+def test_unusable_reference_is_a_row_error_before_generation(checker):
+    stage, engine = stage_for({0: 1.0, 1: 1.0}, checker=checker)
+    bad = make_row(2, False, "bad")
+    bad["reference_answer"] = "}"
+    out, _ = stage.process([make_row(2, False), bad])
+    assert out[1]["error"].startswith("mc-label: unusable reference_answer:")
+    assert out[0]["error"] is None and out[0]["mc_status"] == "ok"
+    assert all("Problem bad:" not in r.prompt for r in engine.calls)  # nothing generated for it

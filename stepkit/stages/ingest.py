@@ -234,6 +234,20 @@ class Ingester:
         return rows, TRAJ_SCHEMA_WITH_REFS
 
     def _grade(self, rows, pairs):
+        """Grade ``rows`` (final answer vs reference). A reference math-verify cannot use is bad input
+        for jsonl/parquet (the user's column); for the bundled formats the row keeps no reference."""
+        bad = self.checker.gold_problems([g for g, _ in pairs])
+        keep = []
+        for row, (gold, pred) in zip(rows, pairs):
+            if bad.get(gold) is None:
+                keep.append((row, (gold, pred)))
+            elif self.fmt in ("jsonl", "parquet"):
+                raise InputError(self.path, f"unusable reference answer: {bad[gold]}",
+                                 row=int(row["source"].rsplit("/", 1)[1]), column=self.opts.reference_col)
+            else:
+                row.update(reference_answer=None, outcome_correct=None)
+                self.count("reference: unusable")
+        rows, pairs = [r for r, _ in keep], [p for _, p in keep]
         for row, ok in zip(rows, self.checker.check_many(pairs)):
             row["outcome_correct"] = bool(ok) if row.get("final_answer") is not None else False
             src = row.get("source_outcome_correct")

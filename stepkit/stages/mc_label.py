@@ -228,6 +228,13 @@ class MCLabelStage(Stage):
             else:
                 todo.append(row)
             out.append(row)
+        # A reference answer math-verify cannot use would fail the whole chunk at grading time: check
+        # every gold before generating, and keep such rows with an error instead.
+        bad = self.checker.gold_problems([r["reference_answer"] for r in todo])
+        for r in todo:
+            if bad[r["reference_answer"]]:
+                r["error"] = f"mc-label: unusable reference_answer: {bad[r['reference_answer']]}"
+        todo = [r for r in todo if not r.get("error")]
         est: dict[int, dict[int, PrefixEstimate]] = {id(r): {} for r in todo}
         if self.mode == "exhaustive":
             self._estimate([(r, i) for r in todo for i in range(len(r["steps"]))], est, counters)

@@ -192,6 +192,7 @@ class RolloutStage(Stage):
         prompts = [self.engine.render_chat(self.prompt.messages(r["prompt"])) for r in rows]
         results = self.engine.generate([Request(p, self.samples) for p in prompts], self.sampling)
         count = getattr(self.engine, "count_tokens", None)
+        bad = self.checker.gold_problems([r["reference_answer"] for r in rows if r.get("reference_answer")])
         out, pairs, graded = [], [], []
         counters = {"samples": 0, "truncated": 0, "no_final_answer": 0, "correct": 0}
         for r, prompt, comps in zip(rows, prompts, results):
@@ -216,6 +217,8 @@ class RolloutStage(Stage):
                     counters["truncated"] += 1  # kept and marked; not graded as wrong
                 elif row["reference_answer"] is None:
                     pass  # nothing to grade against
+                elif bad.get(row["reference_answer"]):
+                    row["error"] = f"rollout: unusable reference_answer: {bad[row['reference_answer']]}"
                 else:
                     if row["final_answer"] is None:
                         counters["no_final_answer"] += 1
