@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import logging
 import multiprocessing
+import os
 import re
 import threading
 import time
@@ -280,6 +281,19 @@ def verify_answer(
     )
 
 
+def _exit_with_parent(parent_pid: int) -> None:
+    """Worker initializer: exit when the parent process is gone (e.g. killed with SIGKILL alone, which
+    leaves no chance to shut the pool down), instead of lingering as an orphan."""
+
+    def watch():
+        while True:
+            time.sleep(1.0)
+            if os.getppid() != parent_pid:
+                os._exit(0)
+
+    threading.Thread(target=watch, daemon=True, name="stepkit-parent-watch").start()
+
+
 def _warm_up() -> bool:
     """First task of every worker: import and exercise sympy/math-verify before timed checks."""
     return verify_answer("1", "1")
@@ -416,7 +430,8 @@ class AnswerChecker:
 
     def _get_pool(self) -> ProcessPoolExecutor:
         if self._pool is None:
-            pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"))
+            pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"),
+                                       initializer=_exit_with_parent, initargs=(os.getpid(),))
             warm = [pool.submit(_warm_up) for _ in range(self.workers)]
             done, not_done = wait(warm, timeout=STARTUP_TIMEOUT)
             self._pool = pool
