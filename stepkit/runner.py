@@ -55,6 +55,9 @@ class Stage:
         """The explicit schema of the output rows (input columns plus the stage's own)."""
         return input_schema
 
+    def check_schema(self, schema: pa.Schema, path: Path) -> None:
+        """Raise :class:`stepkit.errors.InputError` when the input is the wrong kind of shard."""
+
     def validate(self, rows: list[dict], path: Path, first_row: int) -> None:
         """Raise :class:`stepkit.errors.InputError` for bad input rows (before any generation).
 
@@ -138,6 +141,7 @@ def run_stage(stage: Stage, in_path: str | os.PathLike, out_path: str | os.PathL
         pf = open_parquet(shard)
         schema = pf.schema_arrow
         check_columns(schema, stage.required_columns, shard)
+        stage.check_schema(schema, shard)
         columns = list(stage.required_columns) + (["error"] if "error" in schema.names else [])
         for first, rows in iter_row_chunks(shard, 1024, columns=columns or None):
             stage.validate(rows, shard, first)

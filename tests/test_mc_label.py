@@ -109,10 +109,12 @@ def test_binary_search_finds_known_first_error_within_budget(n_steps, checker):
                 assert row["mc_value"][s] is None and row["mc_progress"][s] is None
 
 
-def test_binary_mode_correct_outcome_needs_no_search(checker):
-    stage, engine = stage_for({i: 0.5 for i in range(6)}, mode="binary", checker=checker)
+@pytest.mark.parametrize("v0", [0.5, 0.0])
+def test_binary_mode_correct_outcome_needs_no_search(checker, v0):
+    stage, engine = stage_for({i: (v0 if i == 0 else 0.5) for i in range(6)}, mode="binary", checker=checker)
     (row,), counters = stage.process([make_row(6, True)])
     assert counters["continuations"] == 4  # v0 only
+    assert row["mc_status"] == "ok"  # labels follow from the search assumption, whatever v0 is
     assert row["mc_first_error"] == -1
     assert row["mc_label"] == [True] * 6
     assert row["mc_estimated"] == [False] * 5 + [True]

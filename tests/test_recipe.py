@@ -10,11 +10,14 @@ import pyarrow.parquet as pq
 from tests.conftest import DATA, ROOT
 
 
-def make(work, *extra):
+def make(work, *extra, k=2, ok=True):
     args = ["make", "-f", "recipes/gsm8k.mk", f"WORK={work}", f"DATA={DATA}", "SHARDS=3", "PER_SHARD=2",
-            "SAMPLES=2", "K=2", "MODEL=scripted:echo", "ENGINE_ARGS=--engine scripted",
+            "SAMPLES=2", f"K={k}", "MODEL=scripted:echo", "ENGINE_ARGS=--engine scripted",
             f"STEPKIT={sys.executable} -m stepkit.cli", *extra]
     p = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    if not ok:
+        assert p.returncode != 0
+        return p.stderr
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     return [line for line in p.stdout.splitlines() if "stepkit.cli" in line]
 
@@ -33,3 +36,4 @@ def test_recipe_chains_shards_in_parallel_and_reruns_only_missing(tmp_path):
     (work / "labeled" / "shard-00001.parquet").unlink()
     (cmd,) = make(work, "-j2")
     assert "mc-label" in cmd and "shard-00001" in cmd
+    assert "pass the same variables" in make(work, k=3, ok=False)  # no silent mix of configurations

@@ -5,7 +5,8 @@
 
 Environment (set with ``os.environ.setdefault`` when this module is imported, so a user's own setting wins):
 
-* ``VLLM_LOGGING_LEVEL=WARNING``: at vLLM's default (INFO) a load prints dozens of lines per process.
+* ``VLLM_LOGGING_LEVEL=ERROR``: at vLLM's default (INFO) a load prints dozens of lines per process, and at
+  WARNING routine shutdown notices ("force killing remaining process EngineCore") look like crashes.
   At WARNING a CPU load still prints about 15 harmless lines (Triton has no CPU backend,
   ``enforce_eager`` disables compilation, libtcmalloc/libiomp not in ``LD_PRELOAD``, a NUMA binding
   note from torch); ``VLLM_LOGGING_LEVEL=ERROR`` leaves about 5 (those not from vLLM's logger).
@@ -51,7 +52,7 @@ import re
 import warnings
 from typing import Any
 
-os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # vLLM logs to stdout by default
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # vLLM's Triton shim touches a deprecated torch attribute at import; nothing a user can act on.

@@ -123,7 +123,10 @@ def label_row(n_steps: int, outcome_correct: bool, est: dict[int, PrefixEstimate
     prev = [start] + values[:-1]
     progress = [None if (a is None or b is None) else b - a for a, b in zip(prev, values)]
     # No continuation succeeded (all failed or were truncated): the completer gives no information.
-    status = "no_signal" if est and sum(e.successes for e in est.values()) == 0 else "ok"
+    # In binary mode a correct outcome needs no search (its labels follow from the no-recovery
+    # assumption alone), so its v_0 sample says nothing about the labels.
+    used = {} if (mode == "binary" and outcome_correct) else est
+    status = "no_signal" if used and sum(e.successes for e in used.values()) == 0 else "ok"
     if status == "no_signal":
         labels, first_error = [None] * n_steps, None
     return {

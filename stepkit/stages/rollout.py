@@ -165,6 +165,13 @@ class RolloutStage(Stage):
     def output_schema(self, input_schema):
         return OUTPUT_SCHEMA
 
+    def check_schema(self, schema, path):
+        if "steps" in schema.names:
+            from stepkit.errors import InputError
+
+            raise InputError(path, "has a 'steps' column, so it is a trajectory shard; rollout reads a problems "
+                                   "shard (stepkit ingest gsm8k ...)")
+
     def validate(self, rows, path, first_row):
         if first_row == 0:
             self._seen = set()
