@@ -83,6 +83,29 @@ class Stage:
         """Release what :meth:`open` loaded."""
 
 
+class EngineStage(Stage):
+    """A stage that samples with an engine and grades with an answer checker, both built lazily by
+    ``open()`` from ``self.engine_factory`` and ``self.checker_factory`` (set by the subclass)."""
+
+    engine = None
+    checker = None
+
+    def open(self) -> None:
+        self.engine = self.engine_factory()
+        self.checker = self.checker_factory()
+
+    def close(self) -> None:
+        for x in (self.checker, self.engine):
+            if x is not None:
+                x.close()
+
+    def provenance(self) -> dict[str, Any]:
+        return {"engine": self.engine.describe() if self.engine else None}
+
+    def tokens_generated(self) -> int:
+        return self.engine.stats.generated_tokens if self.engine else 0
+
+
 @dataclass
 class ShardResult:
     """What happened to one shard."""

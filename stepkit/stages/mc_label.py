@@ -44,7 +44,7 @@ from typing import Any, Callable
 from stepkit.engines.base import Engine, Request, SamplingConfig
 from stepkit.grading.answers import extract_final_answer
 from stepkit.prompts import CONTINUATION, PromptTemplate, render_continuation
-from stepkit.runner import Stage
+from stepkit.runner import EngineStage
 from stepkit.schema import LABELER_REQUIRED, MC_FIELDS, check_steps, check_values, extend_schema
 
 MODES = ("exhaustive", "binary")
@@ -146,7 +146,7 @@ def label_row(n_steps: int, outcome_correct: bool, est: dict[int, PrefixEstimate
 _EMPTY = {f.name: None for f in MC_FIELDS}
 
 
-class MCLabelStage(Stage):
+class MCLabelStage(EngineStage):
     """The ``mc-label`` stage (see the module docstring for the method).
 
     Args:
@@ -175,8 +175,6 @@ class MCLabelStage(Stage):
         self.engine_factory, self.engine_config = engine_factory, engine_config
         self.k, self.mode, self.sampling, self.template = k, mode, sampling, template
         self.checker_factory, self.grader_settings = checker_factory, grader_settings
-        self.engine: Engine | None = None
-        self.checker = None
 
     # -- runner interface -------------------------------------------------------------------------
     def config(self) -> dict[str, Any]:
@@ -193,21 +191,6 @@ class MCLabelStage(Stage):
             self._seen_ids = set()
         check_values(rows, path, first_row, ("id", "prompt"), unique="id", seen=self._seen_ids)
         check_steps(rows, path, first_row)
-
-    def open(self):
-        self.engine = self.engine_factory()
-        self.checker = self.checker_factory()
-
-    def close(self):
-        for x in (self.checker, self.engine):
-            if x is not None:
-                x.close()
-
-    def provenance(self):
-        return {"engine": self.engine.describe() if self.engine else None}
-
-    def tokens_generated(self) -> int:
-        return self.engine.stats.generated_tokens if self.engine else 0
 
     # -- the method ---------------------------------------------------------------------------------
     def process(self, rows: list[dict]) -> tuple[list[dict], dict[str, int]]:

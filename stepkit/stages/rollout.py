@@ -24,7 +24,7 @@ from stepkit.engines.base import Engine, Request, SamplingConfig
 from stepkit.errors import ConfigError
 from stepkit.grading.answers import extract_final_answer
 from stepkit.grading.steps import split_steps
-from stepkit.runner import Stage
+from stepkit.runner import EngineStage
 from stepkit.schema import PROBLEM_FIELDS, ROLLOUT_FIELDS, TRAJECTORY_FIELDS, check_values
 from stepkit.shards import config_hash
 
@@ -128,7 +128,7 @@ OUTPUT_SCHEMA = pa.schema(TRAJECTORY_FIELDS + [f for f in PROBLEM_FIELDS if f.na
                           + ROLLOUT_FIELDS)
 
 
-class RolloutStage(Stage):
+class RolloutStage(EngineStage):
     """The ``rollout`` stage.
 
     Args:
@@ -154,7 +154,6 @@ class RolloutStage(Stage):
         self.engine_factory, self.engine_config, self.samples = engine_factory, engine_config, samples
         self.sampling, self.prompt, self.generator = sampling, prompt, generator
         self.checker_factory, self.grader_settings = checker_factory, grader_settings
-        self.engine = self.checker = None
 
     def config(self):
         return {"engine": self.engine_config, "samples": self.samples, "sampling": self.sampling.to_dict(),
@@ -177,21 +176,6 @@ class RolloutStage(Stage):
             self._seen = set()
         # One row per problem: a trajectory shard (problem_id repeated) would give duplicate ids.
         check_values(rows, path, first_row, ("problem_id", "prompt"), unique="problem_id", seen=self._seen)
-
-    def open(self):
-        self.engine = self.engine_factory()
-        self.checker = self.checker_factory()
-
-    def close(self):
-        for x in (self.checker, self.engine):
-            if x is not None:
-                x.close()
-
-    def provenance(self):
-        return {"engine": self.engine.describe() if self.engine else None}
-
-    def tokens_generated(self):
-        return self.engine.stats.generated_tokens if self.engine else 0
 
     def process(self, rows):
         """Sample ``samples`` solutions for each problem row (one engine call per chunk) and return one
