@@ -17,7 +17,6 @@ Importing this module is cheap: torch and transformers are imported inside the f
 from __future__ import annotations
 
 import datetime as _dt
-import hashlib
 import importlib.util
 import json
 import os
@@ -119,11 +118,9 @@ def is_prepared(name: str) -> bool:
 
 
 def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+    from stepkit.shards import file_sha256  # pyarrow is imported only when a model is prepared
+
+    return file_sha256(path)
 
 
 def _convert(source: Path, out: Path) -> None:

@@ -37,6 +37,21 @@ def solutions(tmp_path_factory) -> Path:
     return out
 
 
+def kill_after_parts(solutions, out, n_parts, delay):
+    """Start `mc-label` (chunks of one row, slowed by ``delay`` s per request), SIGKILL its whole
+    process group once ``n_parts`` chunks are committed; return the parts folder."""
+    parts = out.with_name(out.name + ".parts")
+    proc = subprocess.Popen([*STEPKIT, "mc-label", str(solutions), str(out), *SCRIPTED, "--chunk-size", "1"],
+                            env={**os.environ, "STEPKIT_SCRIPTED_DELAY": str(delay)}, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while len(list(parts.glob("part-*.parquet"))) < n_parts and time.time() < deadline:
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)  # the whole process group, as with a vLLM engine-core child
+    proc.wait()
+    return parts
+
+
 def ids(path):
     return pq.read_table(path, columns=["id"]).column("id").to_pylist()
 
@@ -46,15 +61,7 @@ def test_resume_after_kill_redoes_at_most_the_chunk_in_flight(solutions, tmp_pat
     run("mc-label", solutions, ref, *SCRIPTED, "--chunk-size", "1")
 
     out = tmp_path / "out.parquet"
-    parts = tmp_path / "out.parquet.parts"
-    proc = subprocess.Popen([*STEPKIT, "mc-label", str(solutions), str(out), *SCRIPTED, "--chunk-size", "1"],
-                            env={**os.environ, "STEPKIT_SCRIPTED_DELAY": "0.15"}, start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 120
-    while len(list(parts.glob("part-*.parquet"))) < 3 and time.time() < deadline:
-        time.sleep(0.05)
-    os.killpg(proc.pid, signal.SIGKILL)  # the whole process group, as with a vLLM engine-core child
-    proc.wait()
+    parts = kill_after_parts(solutions, out, 3, 0.15)
     assert not out.exists(), "output must appear only when the shard is complete"
     committed = sorted(parts.glob("part-*.parquet"))
     assert 3 <= len(committed) < 12
@@ -256,15 +263,7 @@ def test_part_without_counters_is_not_committed(solutions, tmp_path):
     """A kill between the two writes of a chunk commit: rows (.parquet) are written last, so a part
     with counters (.json) but no rows is simply redone."""
     out = tmp_path / "lab.parquet"
-    parts = tmp_path / "lab.parquet.parts"
-    proc = subprocess.Popen([*STEPKIT, "mc-label", str(solutions), str(out), *SCRIPTED, "--chunk-size", "1"],
-                            env={**os.environ, "STEPKIT_SCRIPTED_DELAY": "0.1"}, start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 120
-    while len(list(parts.glob("part-*.parquet"))) < 2 and time.time() < deadline:
-        time.sleep(0.05)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
+    parts = kill_after_parts(solutions, out, 2, 0.1)
     n = len(list(parts.glob("part-*.parquet")))
     (parts / f"part-{n:05d}.json").write_text('{"rows": 1, "counters": {}}')  # orphan counters
     run("mc-label", solutions, out, *SCRIPTED, "--chunk-size", "1")

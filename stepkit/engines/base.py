@@ -106,6 +106,15 @@ class Engine:
         """Sample ``r.n`` continuations of each ``r.prompt``; order-preserving."""
         raise NotImplementedError
 
+    @staticmethod
+    def check_requests(requests) -> list[Request]:
+        """The requests as a list, after checking each asks for ``n >= 1`` (ConfigError otherwise)."""
+        requests = list(requests)
+        for r in requests:
+            if r.n < 1:
+                raise ConfigError(f"a request needs n >= 1, got {r.n}")
+        return requests
+
     def render_chat(self, messages: list[dict[str, str]]) -> str:
         """Apply the model's chat template to ``messages`` with the generation prompt appended.
 

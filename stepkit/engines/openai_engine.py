@@ -500,12 +500,9 @@ class OpenAIEngine(Engine):
         Updates ``self.stats``: requests, completions, generated_tokens and ``extra`` (``retries``,
         ``prompt_tokens``, ``http_requests``).
         """
-        requests = list(requests)
+        requests = self.check_requests(requests)
         if not requests:
             return []
-        for r in requests:
-            if r.n < 1:
-                raise ConfigError(f"a request needs n >= 1, got {r.n}")
         greedy = sampling.temperature == 0
         jobs: list[tuple[int, str, int]] = []  # (owner request index, prompt, n)
         for i, r in enumerate(requests):

@@ -226,12 +226,9 @@ class VLLMEngine(Engine):
 
         Updates ``self.stats``: requests, completions, generated_tokens, and ``extra["prompt_tokens"]``.
         """
-        requests = list(requests)
+        requests = self.check_requests(requests)
         if not requests:
             return []
-        for r in requests:
-            if r.n < 1:
-                raise ConfigError(f"a request needs n >= 1, got {r.n}")
         # vLLM refuses n > 1 with greedy sampling (temperature 0): send n copies with n=1 instead.
         llm = self.llm  # raises StepkitError once closed
         greedy = sampling.temperature == 0
