@@ -32,7 +32,7 @@ class _Group(click.Group):
 def main():
     """Build step-labeled datasets for process reward models (PRMs).
 
-    Stages read and write Parquet shards: ingest -> rollout -> mc-label -> stats / show.
+    Stages read and write Parquet shards: ingest -> rollout -> mc-label / judge -> eval, stats, show.
     """
 
 
@@ -57,17 +57,19 @@ def runner_options(f):
     return f
 
 
-def engine_options(f):
-    """Model and sampling options."""
+def engine_options(f=None, *, temperature: float = 0.8, max_tokens: int = 256):
+    """Model and sampling options (``@engine_options`` or ``@engine_options(max_tokens=...)`` for other defaults)."""
+    if f is None:
+        return lambda g: engine_options(g, temperature=temperature, max_tokens=max_tokens)
     opts = [
         click.option("--model", "-m", required=True,
                      help="Bundled model name (smollm2-135m), a local model folder, or the served model name."),
         click.option("--engine", type=click.Choice(["vllm", "openai", "scripted"]), default="vllm", show_default=True),
         click.option("--base-url", default=None, help="Server URL for --engine openai (e.g. http://127.0.0.1:8000/v1)."),
-        click.option("--temperature", type=click.FloatRange(0), default=0.8, show_default=True),
+        click.option("--temperature", type=click.FloatRange(0), default=temperature, show_default=True),
         click.option("--top-p", type=click.FloatRange(0, 1, min_open=True), default=1.0, show_default=True),
-        click.option("--max-tokens", type=click.IntRange(1), default=256, show_default=True,
-                     help="Tokens per continuation; hitting it marks the continuation truncated."),
+        click.option("--max-tokens", type=click.IntRange(1), default=max_tokens, show_default=True,
+                     help="Tokens per generation; hitting it marks the generation truncated."),
         click.option("--seed", type=int, default=0, show_default=True),
         click.option("--max-model-len", type=click.IntRange(64), default=2048, show_default=True),
         click.option("--no-prefix-caching", is_flag=True,
@@ -300,6 +302,95 @@ def rollout(problems, out, samples, recipe, instruction, system_prompt, fewshot,
     stage = RolloutStage(factory, ident, pick("samples", samples, 4), sampling, prompt, AnswerChecker,
                          checker_settings(), generator=kw["model"])
     _run(stage, problems, out, kw, "rollout")
+
+
+@main.command()
+@click.argument("inp", metavar="IN", type=click.Path())
+@click.argument("out", metavar="OUT", type=click.Path())
+@click.option("--mode", type=click.Choice(["first-error", "per-step"]), default="first-error", show_default=True,
+              help="first-error: index of the earliest wrong step (ProcessBench critic); per-step: a verdict per step.")
+@click.option("--votes", "-v", type=click.IntRange(1), default=1, show_default=True,
+              help="Replies sampled per row and majority-voted (needs --temperature > 0 when > 1).")
+@click.option("--retries", type=click.IntRange(0), default=2, show_default=True,
+              help="Extra sampling rounds for replies that fail to parse (none at temperature 0).")
+@click.option("--template", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="Judge prompt template (YAML: version, mode, user, system) [default: stepkit/prompts/judge-<mode>.yaml].")
+@click.option("--stop", multiple=True, help="Stop string(s) for judge replies.")
+@engine_options(temperature=0.7, max_tokens=1024)
+@runner_options
+def judge(inp, out, mode, votes, retries, template, stop, **kw):
+    """LLM-as-judge step labels for the trajectories in IN (ProcessBench critic prompt, majority vote).
+
+    The judge model (--model/--engine) is chosen independently of the policy that wrote the steps.
+    Writes judge_label, judge_first_error, judge_votes, judge_correct_votes, judge_tie, judge_status,
+    judge_replies ...; a reply with no usable verdict is a parse failure, never a verdict.
+    """
+    from stepkit.prompts import load_template
+    from stepkit.stages.judge import JudgeStage
+
+    if votes > 1 and kw["temperature"] == 0:
+        raise click.UsageError("--votes > 1 needs --temperature > 0 (greedy replies would all be the same)")
+    tmpl = load_template(template) if template else None
+    if tmpl is not None and tmpl.mode != mode:
+        raise click.UsageError(f"--template {template} is for mode {tmpl.mode!r}; pass --mode {tmpl.mode or 'first-error'} "
+                               "or a template with 'mode: " + mode + "'")
+    factory, ident = _engine_setup(kw)
+    sampling = _sampling(kw["temperature"], kw["top_p"], kw["max_tokens"], kw["seed"], stop)
+    stage = JudgeStage(factory, ident, mode, votes, retries, sampling, tmpl)
+    _run(stage, inp, out, kw, "judge")
+
+
+@main.group("eval")
+def eval_group():
+    """Score step labels: ProcessBench F1 against human labels, agreement of two labelers."""
+
+
+@eval_group.command("processbench")
+@click.argument("shard", type=click.Path())
+@click.option("--pred", required=True,
+              help="First-error column (mc_first_error, judge_first_error, ...) or step labels (mc_label, judge_label).")
+@click.option("--gold", default="reference_first_error", show_default=True, help="Human first-error column.")
+@click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None, help="Also write the figures as JSON.")
+def eval_processbench(shard, pred, gold, json_out):
+    """ProcessBench accuracy on erroneous and on correct samples and F1 (their harmonic mean), per split.
+
+    F1 counts a missing prediction (parse failure, no signal, row error) as wrong, as the paper does;
+    'F1 answered' leaves those rows out, and 'missing' says how many there were.
+    """
+    from stepkit.inspect import make_console
+    from stepkit.stages.evaluate import print_processbench, processbench_report
+
+    report = processbench_report(shard, pred, gold)
+    print_processbench(report, make_console())
+    if json_out:
+        _write_json(json_out, report)
+
+
+@eval_group.command("agreement")
+@click.argument("shard", type=click.Path())
+@click.option("--a", "col_a", required=True, help="First labeler's first-error (or step-label) column.")
+@click.option("--b", "col_b", required=True, help="Second labeler's column.")
+@click.option("--cap", type=click.IntRange(1), default=8, show_default=True, help="Indices >= cap share a matrix bucket.")
+@click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None, help="Also write the figures as JSON.")
+def eval_agreement(shard, col_a, col_b, cap, json_out):
+    """Agreement matrix of two labelers' first-error predictions (e.g. mc_first_error vs judge_first_error)."""
+    from stepkit.inspect import make_console
+    from stepkit.stages.evaluate import agreement_report, print_agreement
+
+    report = agreement_report(shard, col_a, col_b, cap)
+    print_agreement(report, make_console())
+    if json_out:
+        _write_json(json_out, report)
+
+
+def _write_json(path, doc):
+    from pathlib import Path
+
+    from stepkit.shards import write_json
+
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    write_json(p, doc)
 
 
 @main.command()

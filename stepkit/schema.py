@@ -70,6 +70,19 @@ MC_FIELDS = [
     pa.field("mc_status", pa.string()),
 ]
 
+JUDGE_FIELDS = [
+    pa.field("judge_label", pa.list_(pa.bool_())),
+    pa.field("judge_first_error", pa.int32()),
+    pa.field("judge_votes", pa.list_(pa.int32())),
+    pa.field("judge_correct_votes", pa.list_(pa.int32())),
+    pa.field("judge_tie", pa.bool_()),
+    pa.field("judge_valid_votes", pa.int32()),
+    pa.field("judge_parse_failures", pa.int32()),
+    pa.field("judge_parse_error", pa.string()),
+    pa.field("judge_replies", pa.list_(pa.string())),
+    pa.field("judge_status", pa.string()),
+]
+
 PROBLEM_SCHEMA = pa.schema(PROBLEM_FIELDS)
 TRAJECTORY_SCHEMA = pa.schema(TRAJECTORY_FIELDS)
 

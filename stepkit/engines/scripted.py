@@ -6,7 +6,7 @@ estimators and searches can be checked to the count: of ``n`` samples, the first
 answer correctly. Every stage is also tested against the real vLLM engine.
 
 From the CLI, ``--engine scripted --model scripted:echo`` answers "The answer is <last number in the
-prompt>" (deterministic, fast); ``STEPKIT_SCRIPTED_DELAY`` (seconds per request) slows it down so tests
+prompt>" (deterministic, fast); ``scripted:judge`` answers judge prompts (:func:`judge_policy`); ``STEPKIT_SCRIPTED_DELAY`` (seconds per request) slows it down so tests
 can kill a run mid-shard.
 """
 
@@ -29,6 +29,21 @@ def echo_policy(prompt: str, j: int, n: int) -> str:
     """Answer with the last number of the prompt (a stand-in that depends on the prefix)."""
     nums = _NUMBER.findall(prompt)
     return f" so the total is computed.\nThe answer is {nums[-1] if nums else 0}."
+
+
+_PARAGRAPH = re.compile(r"<paragraph_(\d+)>")
+
+
+def judge_policy(prompt: str, j: int, n: int) -> str:
+    """A stand-in judge: sample ``j`` of a prompt with M tagged paragraphs names paragraph
+    ``(j % (M + 1)) - 1`` as the first error (sample 0 says -1), in the format the prompt asks for
+    (per-step lines when it mentions "Paragraph k: correct", else ``\\boxed{}``)."""
+    m = len(set(_PARAGRAPH.findall(prompt)))
+    first = (j % (m + 1)) - 1
+    if "Paragraph k: correct" in prompt:
+        lines = [f"Paragraph {k}: {'correct' if first == -1 or k < first else 'incorrect'}" for k in range(m)]
+        return "Checked each paragraph.\n" + "\n".join(lines)
+    return f"Checked each paragraph.\n\\boxed{{{first}}}"
 
 
 class KnownValuePolicy:
@@ -66,10 +81,15 @@ class ScriptedEngine(Engine):
 
     @classmethod
     def from_spec(cls, spec: str, **options) -> "ScriptedEngine":
-        """``scripted`` or ``scripted:echo`` -> the echo policy. Raises ConfigError otherwise."""
-        if spec not in ("scripted", "scripted:echo"):
-            raise ConfigError(f"unknown scripted model {spec!r} (use scripted:echo)")
-        return cls(echo_policy, spec, float(os.environ.get("STEPKIT_SCRIPTED_DELAY", "0")))
+        """``scripted`` or ``scripted:echo`` -> the echo policy, ``scripted:judge`` -> :func:`judge_policy`.
+
+        Raises:
+            ConfigError: another name.
+        """
+        policies = {"scripted": echo_policy, "scripted:echo": echo_policy, "scripted:judge": judge_policy}
+        if spec not in policies:
+            raise ConfigError(f"unknown scripted model {spec!r} (use scripted:echo or scripted:judge)")
+        return cls(policies[spec], spec, float(os.environ.get("STEPKIT_SCRIPTED_DELAY", "0")))
 
     def render_chat(self, messages: list[dict[str, str]]) -> str:
         return "".join(f"<|{m['role']}|>\n{m['content']}\n" for m in messages) + "<|assistant|>\n"

@@ -14,28 +14,51 @@ Whitespace in the prefix (a trailing ``"\\n\\n"`` separator) is kept byte for by
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
+from stepkit.errors import ConfigError
 from stepkit.grading.steps import render_prefix
 from stepkit.shards import config_hash
+
+_SLOT = re.compile(r"\{(\w+)\}")
+
+
+def fill(text: str, values: dict[str, str]) -> str:
+    """Replace each ``{name}`` slot of ``text`` whose name is in ``values``, in one pass.
+
+    Values are never scanned again, so a problem that itself contains ``{steps}`` or braces is kept
+    as written; other braces in ``text`` (``\\boxed{}``) are left alone, with no escaping needed.
+    """
+    return _SLOT.sub(lambda m: str(values[m.group(1)]) if m.group(1) in values else m.group(0), text)
 
 
 @dataclass(frozen=True)
 class PromptTemplate:
-    """A chat prompt: optional system message, user message with a ``{problem}`` slot."""
+    """A chat prompt: optional system message, user message with ``{problem}`` (and other) slots.
+
+    ``mode`` is set for judge templates (``first-error`` or ``per-step``: the reply format asked for).
+    """
 
     version: str
     user: str
     system: str | None = None
+    mode: str | None = None
 
-    def messages(self, problem: str) -> list[dict[str, str]]:
-        """Chat messages for ``problem`` (system message when set, then the user message)."""
-        msgs = [{"role": "system", "content": self.system}] if self.system else []
-        return msgs + [{"role": "user", "content": self.user.format(problem=problem)}]
+    def messages(self, problem: str, **values: str) -> list[dict[str, str]]:
+        """Chat messages for ``problem`` and the other slot ``values`` (system message when set, then
+        the user message)."""
+        values = {"problem": problem, **values}
+        msgs = [{"role": "system", "content": fill(self.system, values)}] if self.system else []
+        return msgs + [{"role": "user", "content": fill(self.user, values)}]
 
     def hash(self) -> str:
         """Short stable hash of the template (recorded in manifests)."""
-        return config_hash(asdict(self))
+        doc = asdict(self)
+        if doc["mode"] is None:  # continuation templates hash as they did before judge modes existed
+            del doc["mode"]
+        return config_hash(doc)
 
 
 CONTINUATION = PromptTemplate(
@@ -52,3 +75,70 @@ def render_continuation(engine, problem: str, steps: list[str], separator: str, 
                         template: PromptTemplate = CONTINUATION) -> str:
     """The rendered prompt whose continuation estimates the value after ``steps[:i]`` (0 <= i <= len)."""
     return engine.render_chat(template.messages(problem)) + render_prefix(steps, separator, i)
+
+
+# --- judge templates ----------------------------------------------------------------------------------
+
+JUDGE_MODES = ("first-error", "per-step")
+_JUDGE_SLOTS = ("problem", "steps")
+
+
+def load_template(path: str | Path) -> PromptTemplate:
+    """Read a prompt template from a YAML file with keys ``version``, ``user``, optional ``system`` and
+    ``mode`` (judge templates: ``first-error`` or ``per-step``).
+
+    Judge templates must use the ``{problem}`` and ``{steps}`` slots (``{steps}``: the steps tagged as
+    numbered paragraphs); ``{n_steps}`` and ``{last_index}`` are also filled.
+
+    Raises:
+        ConfigError: unreadable file, missing key, unknown mode, or a judge template without its slots.
+    """
+    import yaml
+
+    path = Path(path)
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as e:
+        raise ConfigError(f"{path}: not a readable YAML template ({e})") from None
+    if not isinstance(doc, dict):
+        raise ConfigError(f"{path}: a template is a mapping with version, user, system, mode")
+    for key in ("version", "user"):
+        if not isinstance(doc.get(key), str) or not doc[key].strip():
+            raise ConfigError(f"{path}: key {key!r} must be a non-empty string")
+    unknown = set(doc) - {"version", "user", "system", "mode"}
+    if unknown:
+        raise ConfigError(f"{path}: unknown key(s) {', '.join(sorted(unknown))}")
+    mode = doc.get("mode")
+    if mode is not None:
+        if mode not in JUDGE_MODES:
+            raise ConfigError(f"{path}: mode must be one of {', '.join(JUDGE_MODES)}, got {mode!r}")
+        for slot in _JUDGE_SLOTS:
+            if "{" + slot + "}" not in doc["user"] + (doc.get("system") or ""):
+                raise ConfigError(f"{path}: a judge template needs the {{{slot}}} slot")
+    return PromptTemplate(version=doc["version"], user=doc["user"], system=doc.get("system"), mode=mode)
+
+
+def judge_template(mode: str) -> PromptTemplate:
+    """The built-in judge template of ``mode`` (``stepkit/prompts/judge-<mode>.yaml``)."""
+    if mode not in JUDGE_MODES:
+        raise ConfigError(f"judge mode must be one of {', '.join(JUDGE_MODES)}, got {mode!r}")
+    return load_template(Path(__file__).with_name(f"judge-{mode}.yaml"))
+
+
+def tag_steps(steps: list[str]) -> str:
+    """Steps as numbered paragraphs for a judge prompt (ProcessBench's critic format)::
+
+        <paragraph_0>
+        first step
+        </paragraph_0>
+
+        <paragraph_1>
+        ...
+    """
+    return "\n\n".join(f"<paragraph_{i}>\n{s.strip()}\n</paragraph_{i}>" for i, s in enumerate(steps))
+
+
+def render_judge(engine, template: PromptTemplate, problem: str, steps: list[str]) -> str:
+    """The rendered judge prompt (chat template with the generation prompt) for one solution."""
+    return engine.render_chat(template.messages(problem, steps=tag_steps(steps), n_steps=str(len(steps)),
+                                                last_index=str(len(steps) - 1)))

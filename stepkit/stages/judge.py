@@ -1,0 +1,180 @@
+"""``judge``: an LLM grades the steps of each trajectory (LLM-as-judge step labels).
+
+Method (Zheng et al. 2024, *ProcessBench*, critic prompt; Zhang et al. 2025, *The Lessons of Developing
+Process Reward Models in Mathematical Reasoning*, which finds judge labels generalise better than MC
+labels alone; majority voting over sampled judgements as in self-consistency / SPARK):
+
+* the judge model sees the problem and the steps tagged as numbered paragraphs
+  (:func:`stepkit.prompts.tag_steps`) through a versioned template from ``stepkit/prompts/``;
+* mode ``first-error`` asks for the index of the earliest wrong step (-1 if none) in ``\\boxed{}``;
+  mode ``per-step`` asks for a ``Paragraph k: correct|incorrect`` line per step;
+* ``votes`` replies are sampled per row and majority-voted (:func:`stepkit.grading.verdicts.vote_first_error`,
+  :func:`~stepkit.grading.verdicts.vote_steps`); ties resolve towards the earlier error and are recorded;
+* a reply that states no verdict, a verdict count that differs from the step count, an index out of
+  range, or a reply cut off by ``max_tokens`` is a **parse failure**: counted per row, sampled again up
+  to ``retries`` times, and never read as a verdict. A row with no valid vote gets status
+  ``parse_failure`` and null labels.
+
+Columns (one entry per step for the list columns):
+
+* ``judge_label`` (list<bool>): the voted verdicts; in first-error mode True before the first error and
+  False from it on;
+* ``judge_first_error`` (int32): ProcessBench convention, 0-based, -1 when no step is wrong;
+* ``judge_votes`` (list<int32>): the first-error index of each valid vote;
+* ``judge_correct_votes`` (list<int32>): per step, how many valid votes call it correct;
+* ``judge_tie`` (bool), ``judge_valid_votes`` (int32), ``judge_parse_failures`` (int32, replies that
+  failed to parse, retries included), ``judge_parse_error`` (the last failure's reason);
+* ``judge_replies`` (list<string>): every reply in the order received (valid or not), for inspection;
+* ``judge_status``: ``ok`` or ``parse_failure``; null on rows that failed upstream or in the engine.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from stepkit.engines.base import Engine, Request, SamplingConfig
+from stepkit.grading.verdicts import (VerdictParseError, first_error_of, labels_from_first_error,
+                                      parse_first_error, parse_step_verdicts, vote_first_error, vote_steps)
+from stepkit.prompts import JUDGE_MODES, PromptTemplate, judge_template, render_judge
+from stepkit.runner import Stage
+from stepkit.schema import JUDGE_FIELDS, check_steps, check_values, extend_schema
+
+_EMPTY = {f.name: None for f in JUDGE_FIELDS}
+
+
+def parse_reply(text: str, finish_reason: str, mode: str, n_steps: int) -> list[bool]:
+    """One judge reply -> M per-step verdicts (True = correct).
+
+    Raises:
+        VerdictParseError: the reply was cut off by ``max_tokens`` or states no usable verdict.
+    """
+    if finish_reason == "length":
+        raise VerdictParseError("reply cut off by max_tokens before its verdict")
+    if mode == "first-error":
+        return labels_from_first_error(parse_first_error(text, n_steps), n_steps)
+    return parse_step_verdicts(text, n_steps)
+
+
+def vote_row(mode: str, n_steps: int, votes: list[list[bool]]) -> dict[str, Any]:
+    """The voted ``judge_*`` columns of a row from its valid votes (each M booleans, V >= 1)."""
+    firsts = [first_error_of(v) for v in votes]
+    if mode == "first-error":
+        first, tie = vote_first_error(firsts)
+        labels = labels_from_first_error(first, n_steps)
+        correct = [sum(v[s] for v in votes) for s in range(n_steps)]
+    else:
+        labels, correct, ties = vote_steps(votes)
+        first, tie = first_error_of(labels), any(ties)
+    return {"judge_label": labels, "judge_first_error": first, "judge_votes": firsts,
+            "judge_correct_votes": correct, "judge_tie": tie, "judge_valid_votes": len(votes),
+            "judge_status": "ok"}
+
+
+class JudgeStage(Stage):
+    """The ``judge`` stage (see the module docstring for the method).
+
+    Args:
+        engine_factory: builds the judge engine (called once, only if there is work); configured
+            independently of the policy that wrote the steps.
+        engine_config: JSON-able engine choice (name, model, options) for the configuration identity.
+        mode: ``first-error`` or ``per-step``.
+        votes: V >= 1 replies sampled per row.
+        retries: extra sampling rounds for replies that failed to parse (>= 0). Skipped at temperature
+            0, where the same prompt gives the same reply.
+        sampling: explicit sampling parameters (``max_tokens`` must leave room for the reasoning).
+        template: judge template; defaults to the built-in one of ``mode``. Its mode must match.
+
+    Raises:
+        ValueError: bad mode, votes < 1, retries < 0, or a template of another mode.
+    """
+
+    name = "judge"
+    required_columns = ("id", "prompt", "steps")
+    default_chunk_size = 32
+
+    def __init__(self, engine_factory: Callable[[], Engine], engine_config: dict[str, Any], mode: str,
+                 votes: int, retries: int, sampling: SamplingConfig, template: PromptTemplate | None = None):
+        if mode not in JUDGE_MODES:
+            raise ValueError(f"mode must be one of {JUDGE_MODES}, got {mode!r}")
+        if votes < 1 or retries < 0:
+            raise ValueError(f"need votes >= 1 and retries >= 0, got {votes} and {retries}")
+        template = template or judge_template(mode)
+        if template.mode != mode:
+            raise ValueError(f"template {template.version!r} is for mode {template.mode!r}, not {mode!r}")
+        self.engine_factory, self.engine_config = engine_factory, engine_config
+        self.mode, self.votes, self.retries, self.sampling, self.template = mode, votes, retries, sampling, template
+        self.engine: Engine | None = None
+
+    # -- runner interface -------------------------------------------------------------------------
+    def config(self) -> dict[str, Any]:
+        return {"engine": self.engine_config, "mode": self.mode, "votes": self.votes, "retries": self.retries,
+                "sampling": self.sampling.to_dict(),
+                "prompt_template": {"version": self.template.version, "hash": self.template.hash()}}
+
+    def output_schema(self, input_schema):
+        return extend_schema(input_schema, JUDGE_FIELDS)
+
+    def validate(self, rows, path, first_row):
+        if first_row == 0:
+            self._seen_ids = set()
+        check_values(rows, path, first_row, ("id", "prompt"), unique="id", seen=self._seen_ids)
+        check_steps(rows, path, first_row)
+
+    def open(self) -> None:
+        self.engine = self.engine_factory()
+
+    def close(self) -> None:
+        if self.engine is not None:
+            self.engine.close()
+
+    def provenance(self) -> dict[str, Any]:
+        return {"engine": self.engine.describe() if self.engine else None,
+                "prompt_template": {"version": self.template.version, "hash": self.template.hash(),
+                                    "system": self.template.system, "user": self.template.user}}
+
+    def tokens_generated(self) -> int:
+        return self.engine.stats.generated_tokens if self.engine else 0
+
+    # -- the method ---------------------------------------------------------------------------------
+    def process(self, rows: list[dict]) -> tuple[list[dict], dict[str, int]]:
+        """Judge one chunk: every row's V replies go to the engine in one call, then one call per retry
+        round for the replies that failed to parse. Returns the rows with ``judge_*`` columns and the
+        chunk's counters (replies, parse_failures, retry_replies, parse_failure_rows, ties)."""
+        counters = {"replies": 0, "parse_failures": 0, "retry_replies": 0, "parse_failure_rows": 0, "ties": 0}
+        out = [{**row, **_EMPTY} for row in rows]
+        todo = [r for r in out if not r.get("error")]
+        prompts = {id(r): render_judge(self.engine, self.template, r["prompt"], r["steps"]) for r in todo}
+        valid: dict[int, list[list[bool]]] = {id(r): [] for r in todo}
+        for r in todo:
+            r.update(judge_replies=[], judge_parse_failures=0)
+        rounds = 1 + (self.retries if self.sampling.temperature > 0 else 0)
+        for attempt in range(rounds):
+            wanted = [(r, self.votes - len(valid[id(r)])) for r in todo
+                      if not r.get("error") and len(valid[id(r)]) < self.votes]
+            if not wanted:
+                break
+            results = self.engine.generate([Request(prompts[id(r)], n) for r, n in wanted], self.sampling)
+            for (r, _), comps in zip(wanted, results):
+                for c in comps:
+                    counters["replies"] += 1
+                    counters["retry_replies"] += attempt > 0
+                    if c.finish_reason == "error":
+                        r["error"] = f"judge: engine: {c.text}"
+                        continue
+                    r["judge_replies"].append(c.text)
+                    try:
+                        valid[id(r)].append(parse_reply(c.text, c.finish_reason, self.mode, len(r["steps"])))
+                    except VerdictParseError as e:
+                        r["judge_parse_failures"] += 1
+                        r["judge_parse_error"] = str(e)
+                        counters["parse_failures"] += 1
+        for r in todo:
+            if r.get("error"):
+                r.update(_EMPTY)
+            elif valid[id(r)]:
+                r.update(vote_row(self.mode, len(r["steps"]), valid[id(r)]))
+                counters["ties"] += bool(r["judge_tie"])
+            else:
+                r.update(judge_status="parse_failure", judge_valid_votes=0)
+                counters["parse_failure_rows"] += 1
+        return out, counters

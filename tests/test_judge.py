@@ -1,0 +1,299 @@
+"""judge: verdict parsing (every judge_parse case and its kind of fault), voting, retries, the stage with
+the scripted engine, and the CLI on real ProcessBench rows."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pyarrow.parquet as pq
+import pytest
+
+from stepkit.engines.base import Completion, SamplingConfig
+from stepkit.engines.scripted import ScriptedEngine, judge_policy
+from stepkit.grading.verdicts import (VerdictParseError, first_error_of, parse_first_error, parse_label,
+                                      parse_step_verdicts, vote_first_error, vote_steps)
+from stepkit.prompts import judge_template, load_template, render_judge
+from stepkit.shards import read_manifest
+from stepkit.stages.judge import JudgeStage
+from tests.conftest import DATA, load_cases
+
+JUDGE_CASES = sorted(c["id"] for c in load_cases().values() if c["stage"] == "judge_parse")
+
+
+# --- every judge_parse case -------------------------------------------------------------------------
+
+def test_every_judge_parse_case_has_a_test():
+    assert JUDGE_CASES == ["judge-grade-letter-unanchored", "judge-verdict-first-match"]
+
+
+def test_case_final_verdict_not_first_match(cases):
+    c = cases["judge-verdict-first-match"]
+    got = parse_label(c["input"]["judge_output"], c["input"]["labels"])
+    assert got == c["expected"]["verdict"] != c["expected"]["observed"]
+    # longest label first: "NOT SUCCESS" alone is never read as "SUCCESS", in any label order
+    assert parse_label("NOT SUCCESS", ["SUCCESS", "NOT SUCCESS"]) == "NOT SUCCESS"
+    assert parse_label("NOT SUCCESS", ["NOT SUCCESS", "SUCCESS"]) == "NOT SUCCESS"
+
+
+def test_case_grade_letter_anchored(cases):
+    c = cases["judge-grade-letter-unanchored"]
+    got = parse_label(c["input"]["judge_output"], c["input"]["grades"])
+    assert got == c["expected"]["grade"] != c["expected"]["observed_loose_scan"]
+    with pytest.raises(VerdictParseError):
+        parse_label(c["input"]["unparseable_output"], c["input"]["grades"])
+
+
+@pytest.mark.parametrize("text,labels,want", [
+    # the verdict after the last marker wins, even when the reply rambles on afterwards
+    ("Final verdict: NOT SUCCESS. At first I was going to answer SUCCESS.", ["SUCCESS", "NOT SUCCESS"], "NOT SUCCESS"),
+    ("Verdict: incorrect", ["correct", "incorrect"], "incorrect"),
+    ("It looks correct at first, but the sum is off. Final answer: incorrect", ["correct", "incorrect"], "incorrect"),
+    ("the grade is: A", ["A", "B"], "A"),
+    ("A careful look shows the work holds. Grade: B", ["A", "B"], "B"),
+    ("success", ["SUCCESS", "NOT SUCCESS"], "SUCCESS"),   # words ignore case, letters do not
+])
+def test_parse_label_variants(text, labels, want):
+    assert parse_label(text, labels) == want
+
+
+@pytest.mark.parametrize("text,labels", [
+    ("UNSUCCESSFUL attempt", ["SUCCESS", "NOT SUCCESS"]),     # a label inside a word is not a verdict
+    ("As a judge I am unsure.", ["A", "B"]),                   # 'a' is not grade 'A'
+    ("", ["A", "B"]),
+])
+def test_parse_label_failures(text, labels):
+    with pytest.raises(VerdictParseError):
+        parse_label(text, labels)
+
+
+@pytest.mark.parametrize("text,m,want", [
+    ("Paragraph 1 already says \\boxed{18}? No. The earliest error is in paragraph 2.\n\\boxed{2}", 4, 2),
+    ("All steps hold.\n\\boxed{-1}", 3, -1),
+    ("\\boxed{ $1$ }", 3, 1),
+    ("\\boxed{\\text{0}}", 3, 0),
+    ("first \\boxed{0} then on reflection \\boxed{1}", 2, 1),
+])
+def test_parse_first_error_reads_the_last_box(text, m, want):
+    assert parse_first_error(text, m) == want
+
+
+@pytest.mark.parametrize("text,m,why", [
+    ("The earliest error is paragraph 2.", 4, "no \\boxed"),
+    ("\\boxed{7}", 4, "outside -1..3"),
+    ("\\boxed{-2}", 4, "outside"),
+    ("\\boxed{2.5}", 4, "not a step index"),
+    ("\\boxed{paragraph 2}", 4, "not a step index"),
+    ("the answer is \\boxed{", 4, "no \\boxed"),   # unclosed (cut off)
+])
+def test_parse_first_error_failures(text, m, why):
+    with pytest.raises(VerdictParseError, match=why.replace("\\", "\\\\").replace(".", r"\.")):
+        parse_first_error(text, m)
+
+
+def test_parse_step_verdicts_final_block_and_longest_word():
+    text = ("Paragraph 0: correct, 3*4 = 12.\nParagraph 1: correct at first sight...\n"
+            "Wait, 12 + 5 is 17, not 18.\n\nParagraph 0: correct\n**Paragraph 1:** incorrect\n- Step 2: Incorrect")
+    assert parse_step_verdicts(text, 3) == [True, False, False]
+
+
+@pytest.mark.parametrize("text,m,why", [
+    ("Paragraph 0: correct\nParagraph 1: correct", 3, "2 of 3 steps"),
+    ("Paragraph 0: correct\nParagraph 1: correct\nParagraph 2: incorrect", 2, "paragraph 2 but"),
+    ("Everything is correct.", 2, "no verdict"),
+    ("Paragraph 0: the sum is correct", 1, "no verdict"),  # a verdict must follow the label directly
+])
+def test_parse_step_verdicts_failures(text, m, why):
+    with pytest.raises(VerdictParseError, match=why):
+        parse_step_verdicts(text, m)
+
+
+def test_votes():
+    assert vote_first_error([2, 2, -1]) == (2, False)
+    assert vote_first_error([-1, 3, 1]) == (1, True)      # a tie resolves to the earliest error
+    assert vote_first_error([-1, -1, 0, 0]) == (0, True)
+    assert vote_steps([[True, True], [True, False]]) == ([True, False], [2, 1], [False, True])
+    assert first_error_of([True, None, False]) is None and first_error_of([True, True]) == -1
+
+
+# --- the stage with the scripted engine -------------------------------------------------------------
+
+def row(rid="r0", steps=("Add 3 and 4 to get 7.", "Double it: {14}.", "The answer is 14."), **kw):
+    return {"id": rid, "problem_id": "p", "prompt": "What is 2*(3+4)? {steps}", "steps": list(steps),
+            "error": None, **kw}
+
+
+def judge_stage(policy=judge_policy, mode="first-error", votes=1, retries=2, temperature=0.7, max_tokens=64):
+    engine = ScriptedEngine(policy, "scripted:judge")
+    stage = JudgeStage(lambda: engine, {"name": "scripted"}, mode, votes, retries,
+                       SamplingConfig(temperature=temperature, max_tokens=max_tokens))
+    stage.open()
+    return stage, engine
+
+
+def test_prompt_tags_steps_and_keeps_text():
+    stage, engine = judge_stage()
+    p = render_judge(engine, stage.template, "What is {steps}?", ["a {x}", "b"])
+    assert "What is {steps}?" in p and "<paragraph_0>\na {x}\n</paragraph_0>\n\n<paragraph_1>\nb\n</paragraph_1>" in p
+    assert "from 0 to 1" in p and "2 paragraphs" in p
+
+
+def test_first_error_votes_and_tie():
+    stage, _ = judge_stage(votes=3)
+    (r,), counters = stage.process([row()])
+    # scripted judge: sample j names paragraph (j % 4) - 1 -> votes -1, 0, 1: a three-way tie
+    assert r["judge_votes"] == [-1, 0, 1] and r["judge_tie"] is True
+    assert r["judge_first_error"] == 0 and r["judge_label"] == [False, False, False]
+    assert r["judge_correct_votes"] == [2, 1, 1] and r["judge_valid_votes"] == 3  # votes -1, 0, 1
+    assert r["judge_status"] == "ok" and len(r["judge_replies"]) == 3 and counters["ties"] == 1
+
+
+def test_first_error_single_vote():
+    stage, _ = judge_stage(votes=1)
+    (r,), _ = stage.process([row()])
+    assert r["judge_first_error"] == -1 and r["judge_label"] == [True, True, True] and r["judge_tie"] is False
+
+
+def test_per_step_votes():
+    stage, _ = judge_stage(mode="per-step", votes=2)
+    (r,), _ = stage.process([row()])
+    # sample 0: all correct; sample 1: first error at paragraph 0 -> 1 of 2 correct votes per step: ties
+    assert r["judge_correct_votes"] == [1, 1, 1] and r["judge_tie"] is True
+    assert r["judge_label"] == [False, False, False] and r["judge_first_error"] == 0
+    assert r["judge_votes"] == [-1, 0]
+
+
+def flaky(bad_first: int, bad="I think it is fine overall.", truncated=False):
+    """A judge whose first ``bad_first`` replies per prompt state no verdict."""
+    seen = {}
+
+    def policy(prompt, j, n):
+        seen[prompt] = seen.get(prompt, 0) + 1
+        if seen[prompt] <= bad_first:
+            return Completion(bad + " \\boxed{1}" if truncated else bad, "length" if truncated else "stop", 5)
+        return "Paragraph 1 is wrong.\n\\boxed{1}"
+    return policy
+
+
+def test_parse_failures_are_retried():
+    stage, engine = judge_stage(flaky(2), votes=2, retries=2)
+    (r,), counters = stage.process([row()])
+    assert r["judge_status"] == "ok" and r["judge_first_error"] == 1 and r["judge_valid_votes"] == 2
+    assert r["judge_parse_failures"] == 2 and "no verdict" in r["judge_parse_error"]
+    assert [q.n for q in engine.calls] == [2, 2] and counters["retry_replies"] == 2
+
+
+def test_unparseable_row_is_a_parse_failure_never_a_verdict():
+    stage, engine = judge_stage(flaky(99), votes=2, retries=2)
+    (r,), counters = stage.process([row()])
+    assert r["judge_status"] == "parse_failure" and r["judge_first_error"] is None and r["judge_label"] is None
+    assert r["judge_parse_failures"] == 6 and len(r["judge_replies"]) == 6 and r["error"] is None
+    assert counters["parse_failure_rows"] == 1 and len(engine.calls) == 3
+
+
+def test_truncated_reply_is_not_read():
+    stage, _ = judge_stage(flaky(99, truncated=True), votes=1, retries=0)
+    (r,), _ = stage.process([row()])
+    assert r["judge_status"] == "parse_failure" and "max_tokens" in r["judge_parse_error"]
+
+
+def test_no_retry_at_temperature_zero():
+    stage, engine = judge_stage(flaky(99), votes=1, retries=3, temperature=0)
+    (r,), _ = stage.process([row()])
+    assert len(engine.calls) == 1 and r["judge_status"] == "parse_failure"
+
+
+def test_engine_error_and_upstream_error():
+    stage, _ = judge_stage(lambda p, j, n: Completion("prompt too long", "error", 0))
+    (a, b), counters = stage.process([row("a"), row("b", error="rollout: engine: boom")])
+    assert a["error"] == "judge: engine: prompt too long" and a["judge_status"] is None
+    assert b["error"] == "rollout: engine: boom" and b["judge_replies"] is None
+
+
+def test_template_mode_must_match(tmp_path):
+    with pytest.raises(ValueError, match="mode"):
+        JudgeStage(lambda: None, {}, "per-step", 1, 0, SamplingConfig(), judge_template("first-error"))
+    bad = tmp_path / "t.yaml"
+    bad.write_text("version: x\nmode: first-error\nuser: 'Judge {problem}'\n")
+    with pytest.raises(Exception, match=r"needs the \{steps\} slot"):
+        load_template(bad)
+
+
+# --- CLI on real ProcessBench rows (scripted judge: fast) -------------------------------------------
+
+def run(*args, check=True):
+    p = subprocess.run([sys.executable, "-m", "stepkit.cli", *map(str, args)], capture_output=True, text=True)
+    if check and p.returncode:
+        raise AssertionError(p.stderr)
+    return p
+
+
+@pytest.fixture(scope="module")
+def pb(tmp_path_factory):
+    out = tmp_path_factory.mktemp("pb") / "pb.parquet"
+    run("ingest", "processbench", DATA / "processbench" / "gsm8k.json", out, "--limit", 12)
+    return out
+
+
+def test_cli_judge_then_eval(pb, tmp_path):
+    out = tmp_path / "judged.parquet"
+    run("judge", pb, out, "--engine", "scripted", "--model", "scripted:judge", "--votes", 3, "--no-progress",
+        "--chunk-size", 5)
+    rows = pq.read_table(out).to_pylist()
+    assert len(rows) == 12
+    for r in rows:
+        assert r["judge_status"] == "ok" and len(r["judge_label"]) == len(r["steps"]) == len(r["judge_correct_votes"])
+    m = read_manifest(out)
+    assert m["config"]["prompt_template"]["version"] == "judge-first-error-v1"
+    assert m["config"]["prompt_template"]["hash"] == judge_template("first-error").hash()
+    assert m["counts"]["replies"] == 36
+    p = run("eval", "processbench", out, "--pred", "judge_first_error", "--json", tmp_path / "f1.json")
+    assert "gsm8k" in p.stdout and "F1" in p.stdout
+    rep = json.loads((tmp_path / "f1.json").read_text())
+    assert rep["splits"]["gsm8k"]["rows"] == 12 and rep["splits"]["gsm8k"]["missing"] == 0
+    p = run("eval", "agreement", out, "--a", "judge_first_error", "--b", "reference_first_error")
+    assert "same first error" in p.stdout
+    # same command again: up to date; another template: refused without --force
+    assert "up to date" in run("judge", pb, out, "--engine", "scripted", "--model", "scripted:judge", "--votes", 3,
+                               "--no-progress", "--chunk-size", 5).stderr
+    p = run("judge", pb, out, "--engine", "scripted", "--model", "scripted:judge", "--votes", 2, "--no-progress",
+            "--chunk-size", 5, check=False)
+    assert p.returncode == 1 and "votes 3 -> 2" in p.stderr
+
+
+def test_cli_judge_bad_input(pb, tmp_path):
+    import pyarrow as pa
+
+    t = pq.read_table(pb)
+    nosteps = tmp_path / "nosteps.parquet"
+    pq.write_table(t.drop(["steps"]), nosteps)
+    p = run("judge", nosteps, tmp_path / "o.parquet", "--engine", "scripted", "--model", "scripted:judge", check=False)
+    assert p.returncode == 1 and p.stderr.strip().count("\n") == 0 and "column 'steps': missing column" in p.stderr
+    steps = t.column("steps").to_pylist()
+    steps[4] = []
+    empty = tmp_path / "empty.parquet"
+    pq.write_table(t.set_column(t.schema.get_field_index("steps"), "steps", pa.array(steps, t.schema.field("steps").type)), empty)
+    p = run("judge", empty, tmp_path / "o.parquet", "--engine", "scripted", "--model", "scripted:judge", check=False)
+    assert p.returncode == 1 and "row 4, column 'steps': steps is an empty list" in p.stderr
+    p = run("judge", pb, tmp_path / "o.parquet", "--engine", "scripted", "--model", "scripted:judge",
+            "--votes", 3, "--temperature", 0, check=False)
+    assert p.returncode == 2 and "--votes > 1 needs --temperature > 0" in p.stderr
+    tmpl = tmp_path / "t.yaml"
+    tmpl.write_text("version: x\nmode: per-step\nuser: '{problem} {steps}'\n")
+    p = run("judge", pb, tmp_path / "o.parquet", "--engine", "scripted", "--model", "scripted:judge",
+            "--template", tmpl, check=False)
+    assert p.returncode == 2 and "is for mode 'per-step'" in p.stderr
+    assert not (tmp_path / "o.parquet").exists()
+
+
+def test_cli_judge_custom_template_hash_in_manifest(pb, tmp_path):
+    tmpl = tmp_path / "t.yaml"
+    tmpl.write_text("version: mine-v1\nmode: per-step\nuser: |-\n  {problem}\n  {steps}\n"
+                    "  End with lines 'Paragraph k: correct' or incorrect.\n")
+    out = tmp_path / "j.parquet"
+    run("judge", pb, out, "--engine", "scripted", "--model", "scripted:judge", "--mode", "per-step",
+        "--template", tmpl, "--no-progress")
+    m = read_manifest(out)
+    assert m["config"]["prompt_template"] == {"version": "mine-v1", "hash": load_template(tmpl).hash()}
+    assert all(r["judge_status"] == "ok" for r in pq.read_table(out).to_pylist())
