@@ -183,6 +183,9 @@ def _print_results(results, title):
 @click.argument("out", type=click.Path(dir_okay=False))
 @click.option("--limit", type=click.IntRange(1), default=None, help="Take at most N records.")
 @click.option("--skip", type=click.IntRange(0), default=0, help="Skip the first N records (to cut a file into shards).")
+@click.option("--sample", type=click.IntRange(1), default=None,
+              help="Take a random sample of N records (seeded by --seed, file order kept), after --skip/--limit.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of --sample.")
 @click.option("--generator", "generators", multiple=True,
               help="gsm8k-solutions: generator(s) to take (default: all four).")
 @click.option("--split", default="auto", show_default=True, callback=_check_split,
@@ -199,7 +202,7 @@ def _print_results(results, title):
 @click.option("--first-error-col", default=None, help="Human first-error index column (-1 = no error).")
 @click.option("--answers", multiple=True, type=click.Path(exists=True, dir_okay=False),
               help="processbench: GSM8K/MATH-500 jsonl files to recover gold answers from.")
-def ingest(fmt, file, out, limit, skip, generators, split, id_col, prompt_col, steps_col, answer_col, reference_col,
+def ingest(fmt, file, out, limit, skip, sample, seed, generators, split, id_col, prompt_col, steps_col, answer_col, reference_col,
            problem_id_col, labels_col, neutral_as, first_error_col, answers):
     """Convert FILE (format FORMAT) into a Parquet shard OUT.
 
@@ -215,7 +218,7 @@ def ingest(fmt, file, out, limit, skip, generators, split, id_col, prompt_col, s
     from stepkit.stages.ingest import IngestOptions
     from stepkit.stages.ingest import ingest as run
 
-    opts = IngestOptions(limit=limit, skip=skip, generators=tuple(generators), split=split, id_col=id_col,
+    opts = IngestOptions(limit=limit, skip=skip, sample=sample, seed=seed, generators=tuple(generators), split=split, id_col=id_col,
                          prompt_col=prompt_col, steps_col=steps_col, answer_col=answer_col,
                          reference_col=reference_col, problem_id_col=problem_id_col, labels_col=labels_col,
                          neutral_as=neutral_as, first_error_col=first_error_col, answers=tuple(answers))

@@ -55,11 +55,13 @@ def test_hand_computed_f1(constructed):
     assert processbench_report(constructed, "pred_labels")["splits"] == r["splits"]
 
 
-def test_row_error_is_a_missing_prediction(tmp_path):
-    rows = [{"id": "a", "source": "processbench/gsm8k/a", "reference_first_error": 1, "pred": 1, "error": "judge: engine: x"},
-            {"id": "b", "source": "processbench/gsm8k/b", "reference_first_error": -1, "pred": -1, "error": None}]
+def test_null_prediction_is_missing_and_a_later_stage_error_hides_nothing(tmp_path):
+    rows = [{"id": "a", "source": "processbench/gsm8k/a", "reference_first_error": 1, "pred": None, "error": "judge: engine: x"},
+            {"id": "b", "source": "processbench/gsm8k/b", "reference_first_error": 2, "pred": 2,
+             "error": "mc-label: no reference_answer"},  # the judge's column was written before mc-label failed
+            {"id": "c", "source": "processbench/gsm8k/c", "reference_first_error": -1, "pred": -1, "error": None}]
     r = processbench_report(write(tmp_path / "e.parquet", rows), "pred")["splits"]["gsm8k"]
-    assert r["acc_erroneous"] == 0 and r["missing"] == 1 and r["f1"] == 0
+    assert r["acc_erroneous"] == 0.5 and r["missing"] == 1 and r["f1"] == pytest.approx(2 / 3)
 
 
 def test_oracle_scores_100_on_real_processbench(tmp_path):

@@ -85,6 +85,22 @@ def test_processbench_gsm8k_keeps_human_labels_and_finds_gold(tmp_path, checker)
     assert m["counts"]["agree_with_source"] >= 380
 
 
+def test_sample_is_seeded_keeps_file_order_and_both_classes(tmp_path, checker):
+    # ProcessBench lists every erroneous sample first: a --limit slice holds one class, --sample both.
+    src = DATA / "processbench" / "gsm8k.json"
+
+    def ids(seed, out):
+        ingest("processbench", src, out, IngestOptions(sample=20, seed=seed), checker, checker_settings())
+        return rows_of(out)
+
+    a, b, c = ids(0, tmp_path / "a.parquet"), ids(0, tmp_path / "b.parquet"), ids(1, tmp_path / "c.parquet")
+    order = {x["id"]: i for i, x in enumerate(json.loads(src.read_text()))}
+    assert len(a) == 20 and [r["id"] for r in a] == [r["id"] for r in b] != [r["id"] for r in c]
+    assert [order[r["id"]] for r in a] == sorted(order[r["id"]] for r in a)
+    labels = [r["reference_first_error"] for r in a]
+    assert any(x == -1 for x in labels) and any(x >= 0 for x in labels)
+
+
 def test_processbench_math_reports_reference_coverage(tmp_path, checker):
     out = tmp_path / "pbm.parquet"
     m = ingest("processbench", DATA / "processbench" / "math.json", out, IngestOptions(), checker, checker_settings())

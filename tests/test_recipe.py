@@ -37,3 +37,25 @@ def test_recipe_chains_shards_in_parallel_and_reruns_only_missing(tmp_path):
     (cmd,) = make(work, "-j2")
     assert "mc-label" in cmd and "shard-00001" in cmd
     assert "pass the same variables" in make(work, k=3, ok=False)  # no silent mix of configurations
+
+
+def test_processbench_recipe_prints_both_f1_scores(tmp_path):
+    import json
+
+    work = tmp_path / "pb"
+    args = ["make", "-f", "recipes/processbench.mk", f"WORK={work}", f"DATA={DATA}", "SPLITS=gsm8k math", "SAMPLE=6",
+            "MODEL=scripted:echo", "JUDGE_MODEL=scripted:judge", "ENGINE_ARGS=--engine scripted", "K=2",
+            "VOTES=3", "MC_MAX_ERROR_RATE=1", f"STEPKIT={sys.executable} -m stepkit.cli"]
+    p = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    assert "mc_first_error vs reference_first_error" in p.stdout and "judge_first_error vs" in p.stdout
+    for name in ("f1-mc", "f1-judge"):
+        rep = json.loads((work / "eval" / f"{name}.json").read_text())
+        assert set(rep["splits"]) == {"gsm8k", "math"} and rep["average"]["rows"] == 12
+    for split in ("gsm8k", "math"):  # one shard holds both labelers; the judge needs no gold answer
+        rows = pq.read_table(work / "labeled" / f"{split}.parquet").to_pylist()
+        assert all(r["judge_status"] == "ok" for r in rows)
+        assert all(r["mc_status"] for r in rows if r["reference_answer"])
+    assert json.loads((work / "eval" / "f1-judge.json").read_text())["splits"]["math"]["missing"] == 0
+    agree = json.loads((work / "eval" / "agreement.json").read_text())
+    assert agree["rows"] == 12

@@ -9,7 +9,8 @@
 A prediction column is either a first-error index (int: ``mc_first_error``, ``judge_first_error``, a
 filter's consensus) or per-step hard labels (list<bool>: ``mc_label``, ``judge_label``), read as the index
 of the first False (-1 when all are True). A row with no prediction (null: a parse failure, no signal, a
-row error, a null label before the first False) is *missing*. The paper's protocol counts a missing
+row error of the stage that owns the column, a null label before the first False) is *missing*. An
+``error`` from another stage does not hide a column that was written before it. The paper's protocol counts a missing
 prediction as wrong (``f1``); ``f1_answered`` scores only the rows with a prediction, and ``coverage``
 says how many those are, so a labeler that abstains is neither hidden nor scored as if it had answered.
 """
@@ -41,7 +42,7 @@ def _kind(path: Path, schema: pa.Schema, column: str) -> str:
                      column=column)
 
 
-def load_columns(shard: str | Path, columns: list[str], optional: tuple[str, ...] = ("source", "error")
+def load_columns(shard: str | Path, columns: list[str], optional: tuple[str, ...] = ("source",)
                  ) -> tuple[list[dict], dict[str, str]]:
     """Rows of every shard of ``shard`` (a file or folder) with ``columns`` (plus ``optional`` when present).
 
@@ -63,9 +64,8 @@ def load_columns(shard: str | Path, columns: list[str], optional: tuple[str, ...
 
 
 def prediction(row: dict, column: str, kind: str) -> int | None:
-    """The first-error prediction of ``row`` in ``column`` (None: missing)."""
-    if row.get("error"):
-        return None
+    """The first-error prediction of ``row`` in ``column`` (None: missing). Stages null their own columns
+    on a row error, so a non-null value is a prediction even when a later stage failed on the row."""
     v = row.get(column)
     if v is None:
         return None

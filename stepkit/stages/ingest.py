@@ -42,6 +42,8 @@ class IngestOptions:
 
     limit: int | None = None
     skip: int = 0
+    sample: int | None = None  # a seeded random sample of this many records (file order kept)
+    seed: int = 0
     generators: tuple[str, ...] = ()
     split: str = "auto"
     id_col: str | None = None
@@ -177,9 +179,17 @@ class Ingester:
         return fn()
 
     def _take(self, items):
-        """Records ``skip .. skip + limit`` of the enumerated ``items``."""
+        """Records ``skip .. skip + limit`` of the enumerated ``items``, then, with ``sample``, a random
+        sample of that many of them (seeded with ``seed``, kept in file order): ProcessBench files list
+        every erroneous sample before the correct ones, so a first-N slice would hold one class only."""
         end = None if self.opts.limit is None else self.opts.skip + self.opts.limit
-        return items[self.opts.skip:end]
+        items = items[self.opts.skip:end]
+        if self.opts.sample is not None and self.opts.sample < len(items):
+            import random
+
+            keep = sorted(random.Random(self.opts.seed).sample(range(len(items)), self.opts.sample))
+            items = [items[i] for i in keep]
+        return items
 
     # ---- gsm8k problems -----------------------------------------------------------------------
     def _gsm8k(self):
