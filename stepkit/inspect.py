@@ -70,6 +70,8 @@ def print_stats(shard, console: Console | None = None) -> dict:
         _rollout_tables([r for r in rows if "rollout_finish_reason" in r], console, figs)
     if any("mc_value" in r for r in rows):
         _mc_tables([r for r in rows if "mc_value" in r], console, figs, shard)
+    if any("judge_status" in r for r in rows):
+        _judge_table([r for r in rows if "judge_status" in r], console, figs)
     if errors:
         et = Table(title="errors by reason")
         et.add_column("reason")
@@ -147,6 +149,20 @@ def _mc_tables(rows, console, figs, shard):
     console.print(s)
 
 
+def _judge_table(rows, console, figs):
+    status = Counter(r.get("judge_status") for r in rows)
+    fe = Counter(r.get("judge_first_error") for r in rows if r.get("judge_status") == "ok")
+    figs["judge_status"] = dict(status)
+    figs["judge_first_error_histogram"] = {str(k): v for k, v in fe.items()}
+    t = Table(title="judge", show_header=False)
+    t.add_row("status", ", ".join(f"{k}: {v}" for k, v in status.items()))
+    t.add_row("first error", ", ".join(f"{'none (-1)' if k == -1 else k}: {fe[k]}" for k in sorted(fe)))
+    t.add_row("replies / parse failures", f"{sum(len(r.get('judge_replies') or []) for r in rows)} / "
+                                          f"{sum(r.get('judge_parse_failures') or 0 for r in rows)}")
+    t.add_row("rows with a tied vote", str(sum(bool(r.get("judge_tie")) for r in rows)))
+    console.print(t)
+
+
 def _text(x) -> str:
     return "-" if x is None else str(x)
 
@@ -159,7 +175,8 @@ def _value_style(v) -> str:
 
 def print_row(shard, row_id: str | None = None, index: int | None = None, status: str | None = None,
               console: Console | None = None) -> dict:
-    """Print one trajectory, each step with its counts, value and label, colored by value.
+    """Print one trajectory, each step with its MC counts, value and label (colored by value) and the
+    judge's verdict with its votes, then the last judge reply.
 
     Picks the row with id ``row_id``, else the ``index``-th row, else the first row (of those whose
     ``mc_status`` is ``status``, when given).
@@ -203,13 +220,22 @@ def print_row(shard, row_id: str | None = None, index: int | None = None, status
         console.print(f"v0 (bare problem) = {_fmt(row.get('mc_value_start'))}   status {row.get('mc_status')}   "
                       f"first error {_text(row.get('mc_first_error'))}"
                       + (f"   human first error {row.get('reference_first_error')}" if row.get("reference_first_error") is not None else ""))
+    if row.get("judge_status") is not None:
+        console.print(f"judge: status {row['judge_status']}   first error {_text(row.get('judge_first_error'))}   "
+                      f"valid votes {row.get('judge_valid_votes')}   parse failures {row.get('judge_parse_failures')}"
+                      + ("   tie" if row.get("judge_tie") else "")
+                      + (f"   human first error {row.get('reference_first_error')}"
+                         if row.get("reference_first_error") is not None and "mc_value" not in row else ""))
     t = Table(show_lines=False)
     t.add_column("#", justify="right")
     t.add_column("step")
     has_mc = bool(row.get("mc_value"))
+    has_judge = bool(row.get("judge_label"))
     if has_mc:
         for c in ("succ/roll", "trunc", "value", "progress", "label"):
             t.add_column(c, justify="right")
+    if has_judge:
+        t.add_column("judge", justify="right")
     for s, step in enumerate(row.get("steps") or []):
         cells = [str(s), step]
         style = None
@@ -224,8 +250,15 @@ def print_row(shard, row_id: str | None = None, index: int | None = None, status
             style = _value_style(v)
             if row.get("mc_first_error") == s:
                 style = "bold red"
+        if has_judge:
+            ok = row["judge_label"][s]
+            cells.append(f"{'ok' if ok else 'WRONG'} {row['judge_correct_votes'][s]}/{row['judge_valid_votes']}")
         t.add_row(*cells, style=style)
     console.print(t)
+    if row.get("judge_replies"):
+        reply = row["judge_replies"][-1]
+        console.print(Text(f"last judge reply ({len(row['judge_replies'])} in all):", style="bold"))
+        console.print(Text(reply if len(reply) <= 1500 else reply[:700] + " [...] " + reply[-700:], style="dim"))
     if row.get("error"):
         console.print(f"[red]error:[/red] {row['error']}")
     return row
