@@ -20,16 +20,8 @@ K ?= 4
 RECIPE ?= recipes/gsm8k-rollout.yaml
 MC_ARGS ?= --max-tokens 192
 
-# make only sees whether a file exists, so a WORK folder built with other settings would silently mix
-# shards of different configurations: record the settings once and refuse a different set.
 VARS := SHARDS=$(SHARDS) PER_SHARD=$(PER_SHARD) SAMPLES=$(SAMPLES) K=$(K) MODEL=$(MODEL) RECIPE=$(RECIPE) MC_ARGS=$(MC_ARGS)
-OLD_VARS := $(shell cat $(WORK)/recipe.vars 2>/dev/null)
-ifneq ($(OLD_VARS),)
-ifneq ($(OLD_VARS),$(VARS))
-$(error $(WORK) was built with "$(OLD_VARS)"; pass the same variables, or use another WORK)
-endif
-endif
-$(shell mkdir -p $(WORK) && echo '$(VARS)' > $(WORK)/recipe.vars)
+include $(dir $(lastword $(MAKEFILE_LIST)))record-vars.mk
 
 IDS := $(shell seq -f '%05g' 0 $$(( $(SHARDS) - 1 )))
 LABELED := $(IDS:%=$(WORK)/labeled/shard-%.parquet)

@@ -30,13 +30,7 @@ VOTES ?= 1
 JUDGE_ARGS ?= --max-tokens 512
 
 VARS := SPLITS=$(SPLITS) SAMPLE=$(SAMPLE) SEED=$(SEED) MODEL=$(MODEL) JUDGE_MODEL=$(JUDGE_MODEL) K=$(K) MC_ARGS=$(MC_ARGS) VOTES=$(VOTES) JUDGE_ARGS=$(JUDGE_ARGS)
-OLD_VARS := $(shell cat $(WORK)/recipe.vars 2>/dev/null)
-ifneq ($(OLD_VARS),)
-ifneq ($(OLD_VARS),$(VARS))
-$(error $(WORK) was built with "$(OLD_VARS)"; pass the same variables, or use another WORK)
-endif
-endif
-$(shell mkdir -p $(WORK) && echo '$(VARS)' > $(WORK)/recipe.vars)
+include $(dir $(lastword $(MAKEFILE_LIST)))record-vars.mk
 
 LABELED := $(SPLITS:%=$(WORK)/labeled/%.parquet)
 

@@ -33,7 +33,7 @@ import pyarrow as pa
 
 from stepkit import __version__
 from stepkit.errors import ConfigError, StepkitError
-from stepkit.schema import check_columns, error_reason
+from stepkit.schema import check_columns, check_steps, check_values, error_reason
 from stepkit.shards import (config_hash, file_sha256, iter_row_chunks, list_shards, manifest_path,
                             open_parquet, output_path, read_manifest, rows_to_table, select_shards,
                             write_json, write_table)
@@ -89,10 +89,11 @@ class EngineStage(Stage):
 
     engine = None
     checker = None
+    checker_factory = None  # a stage that grades no answers (judge) leaves it unset
 
     def open(self) -> None:
         self.engine = self.engine_factory()
-        self.checker = self.checker_factory()
+        self.checker = self.checker_factory() if self.checker_factory else None
 
     def close(self) -> None:
         for x in (self.checker, self.engine):
@@ -104,6 +105,17 @@ class EngineStage(Stage):
 
     def tokens_generated(self) -> int:
         return self.engine.stats.generated_tokens if self.engine else 0
+
+
+class LabelerStage(EngineStage):
+    """An engine stage that labels the steps of trajectory rows (mc-label, judge): each row needs a
+    unique non-empty ``id``, a ``prompt`` and non-empty ``steps``; rows that failed upstream are skipped."""
+
+    def validate(self, rows, path, first_row):
+        if first_row == 0:
+            self._seen_ids = set()
+        check_values(rows, path, first_row, ("id", "prompt"), unique="id", seen=self._seen_ids)
+        check_steps(rows, path, first_row)
 
 
 @dataclass

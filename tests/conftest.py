@@ -34,3 +34,14 @@ def checker():
 
     with AnswerChecker() as c:
         yield c
+
+
+def run_cli(*args, check: bool = True):
+    """Run ``python -m stepkit.cli ARGS`` in a subprocess; raise with its stderr when it fails and ``check``."""
+    import subprocess
+    import sys
+
+    p = subprocess.run([sys.executable, "-m", "stepkit.cli", *map(str, args)], capture_output=True, text=True)
+    if check and p.returncode:
+        raise AssertionError(p.stderr)
+    return p

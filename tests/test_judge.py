@@ -4,8 +4,6 @@ the scripted engine, and the CLI on real ProcessBench rows."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pyarrow.parquet as pq
 import pytest
@@ -18,6 +16,7 @@ from stepkit.prompts import judge_template, load_template, render_judge
 from stepkit.shards import read_manifest
 from stepkit.stages.judge import JudgeStage
 from tests.conftest import DATA, load_cases
+from tests.conftest import run_cli as run
 
 JUDGE_CASES = sorted(c["id"] for c in load_cases().values() if c["stage"] == "judge_parse")
 
@@ -221,13 +220,6 @@ def test_template_mode_must_match(tmp_path):
 
 
 # --- CLI on real ProcessBench rows (scripted judge: fast) -------------------------------------------
-
-def run(*args, check=True):
-    p = subprocess.run([sys.executable, "-m", "stepkit.cli", *map(str, args)], capture_output=True, text=True)
-    if check and p.returncode:
-        raise AssertionError(p.stderr)
-    return p
-
 
 @pytest.fixture(scope="module")
 def pb(tmp_path_factory):

@@ -6,23 +6,15 @@ verdict per step or a recorded parse failure, never anything in between.
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pyarrow.parquet as pq
 import pytest
 
 from stepkit.grading.verdicts import first_error_of
 from stepkit.shards import read_manifest
 from tests.conftest import DATA
+from tests.conftest import run_cli as run
 
 pytestmark = pytest.mark.engine
-
-
-def run(*args):
-    p = subprocess.run([sys.executable, "-m", "stepkit.cli", *map(str, args)], capture_output=True, text=True)
-    assert p.returncode == 0, p.stderr
-    return p
 
 
 @pytest.fixture(scope="module")

@@ -36,8 +36,8 @@ from stepkit.engines.base import Engine, Request, SamplingConfig
 from stepkit.grading.verdicts import (VerdictParseError, first_error_of, labels_from_first_error,
                                       parse_first_error, parse_step_verdicts, vote_first_error, vote_steps)
 from stepkit.prompts import JUDGE_MODES, PromptTemplate, judge_template, render_judge
-from stepkit.runner import Stage
-from stepkit.schema import JUDGE_FIELDS, check_steps, check_values, extend_schema
+from stepkit.runner import LabelerStage
+from stepkit.schema import JUDGE_FIELDS, extend_schema
 
 _EMPTY = {f.name: None for f in JUDGE_FIELDS}
 
@@ -70,7 +70,7 @@ def vote_row(mode: str, n_steps: int, votes: list[list[bool]]) -> dict[str, Any]
             "judge_status": "ok"}
 
 
-class JudgeStage(Stage):
+class JudgeStage(LabelerStage):
     """The ``judge`` stage (see the module docstring for the method).
 
     Args:
@@ -103,7 +103,6 @@ class JudgeStage(Stage):
             raise ValueError(f"template {template.version!r} is for mode {template.mode!r}, not {mode!r}")
         self.engine_factory, self.engine_config = engine_factory, engine_config
         self.mode, self.votes, self.retries, self.sampling, self.template = mode, votes, retries, sampling, template
-        self.engine: Engine | None = None
 
     # -- runner interface -------------------------------------------------------------------------
     def config(self) -> dict[str, Any]:
@@ -114,26 +113,10 @@ class JudgeStage(Stage):
     def output_schema(self, input_schema):
         return extend_schema(input_schema, JUDGE_FIELDS)
 
-    def validate(self, rows, path, first_row):
-        if first_row == 0:
-            self._seen_ids = set()
-        check_values(rows, path, first_row, ("id", "prompt"), unique="id", seen=self._seen_ids)
-        check_steps(rows, path, first_row)
-
-    def open(self) -> None:
-        self.engine = self.engine_factory()
-
-    def close(self) -> None:
-        if self.engine is not None:
-            self.engine.close()
-
     def provenance(self) -> dict[str, Any]:
-        return {"engine": self.engine.describe() if self.engine else None,
+        return {**super().provenance(),
                 "prompt_template": {"version": self.template.version, "hash": self.template.hash(),
                                     "system": self.template.system, "user": self.template.user}}
-
-    def tokens_generated(self) -> int:
-        return self.engine.stats.generated_tokens if self.engine else 0
 
     # -- the method ---------------------------------------------------------------------------------
     def process(self, rows: list[dict]) -> tuple[list[dict], dict[str, int]]:

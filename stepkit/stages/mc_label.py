@@ -44,8 +44,8 @@ from typing import Any, Callable
 from stepkit.engines.base import Engine, Request, SamplingConfig
 from stepkit.grading.answers import extract_final_answer
 from stepkit.prompts import CONTINUATION, PromptTemplate, render_continuation
-from stepkit.runner import EngineStage
-from stepkit.schema import LABELER_REQUIRED, MC_FIELDS, check_steps, check_values, extend_schema
+from stepkit.runner import LabelerStage
+from stepkit.schema import LABELER_REQUIRED, MC_FIELDS, extend_schema
 
 MODES = ("exhaustive", "binary")
 
@@ -146,7 +146,7 @@ def label_row(n_steps: int, outcome_correct: bool, est: dict[int, PrefixEstimate
 _EMPTY = {f.name: None for f in MC_FIELDS}
 
 
-class MCLabelStage(EngineStage):
+class MCLabelStage(LabelerStage):
     """The ``mc-label`` stage (see the module docstring for the method).
 
     Args:
@@ -185,12 +185,6 @@ class MCLabelStage(EngineStage):
 
     def output_schema(self, input_schema):
         return extend_schema(input_schema, MC_FIELDS)
-
-    def validate(self, rows, path, first_row):
-        if first_row == 0:
-            self._seen_ids = set()
-        check_values(rows, path, first_row, ("id", "prompt"), unique="id", seen=self._seen_ids)
-        check_steps(rows, path, first_row)
 
     # -- the method ---------------------------------------------------------------------------------
     def process(self, rows: list[dict]) -> tuple[list[dict], dict[str, int]]:
