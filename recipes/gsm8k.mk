@@ -20,7 +20,7 @@ K ?= 4
 RECIPE ?= recipes/gsm8k-rollout.yaml
 MC_ARGS ?= --max-tokens 192
 
-VARS := SHARDS=$(SHARDS) PER_SHARD=$(PER_SHARD) SAMPLES=$(SAMPLES) K=$(K) MODEL=$(MODEL) RECIPE=$(RECIPE) MC_ARGS=$(MC_ARGS)
+VARS := SHARDS=$(SHARDS) PER_SHARD=$(PER_SHARD) SAMPLES=$(SAMPLES) K=$(K) MODEL=$(MODEL) RECIPE=$(RECIPE) MC_ARGS=$(MC_ARGS) ENGINE_ARGS=$(ENGINE_ARGS) DATA=$(DATA)
 include $(dir $(lastword $(MAKEFILE_LIST)))record-vars.mk
 
 IDS := $(shell seq -f '%05g' 0 $$(( $(SHARDS) - 1 )))

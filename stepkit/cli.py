@@ -152,6 +152,13 @@ def _check_split(ctx, param, value):
     return value
 
 
+def _check_json_path(ctx, param, value):
+    """--json must name a .json file, so a report can never overwrite a shard."""
+    if value is not None and not value.endswith(".json"):
+        raise click.BadParameter(f"{value}: the report file must end in .json")
+    return value
+
+
 def _print_results(results, title):
     """Summary table at the end of a run: one column per shard, one row per figure."""
     from rich.table import Table
@@ -353,7 +360,8 @@ def eval_group():
 @click.option("--pred", required=True,
               help="First-error column (mc_first_error, judge_first_error, ...) or step labels (mc_label, judge_label).")
 @click.option("--gold", default="reference_first_error", show_default=True, help="Human first-error column.")
-@click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None, help="Also write the figures as JSON.")
+@click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None, callback=_check_json_path,
+              help="Also write the figures to this .json file.")
 def eval_processbench(shard, pred, gold, json_out):
     """ProcessBench accuracy on erroneous and on correct samples and F1 (their harmonic mean), per split.
 
@@ -374,7 +382,8 @@ def eval_processbench(shard, pred, gold, json_out):
 @click.option("--a", "col_a", required=True, help="First labeler's first-error (or step-label) column.")
 @click.option("--b", "col_b", required=True, help="Second labeler's column.")
 @click.option("--cap", type=click.IntRange(1), default=8, show_default=True, help="Indices >= cap share a matrix bucket.")
-@click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None, help="Also write the figures as JSON.")
+@click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None, callback=_check_json_path,
+              help="Also write the figures to this .json file.")
 def eval_agreement(shard, col_a, col_b, cap, json_out):
     """Agreement matrix of two labelers' first-error predictions (e.g. mc_first_error vs judge_first_error)."""
     from stepkit.inspect import make_console
@@ -389,11 +398,15 @@ def eval_agreement(shard, col_a, col_b, cap, json_out):
 def _write_json(path, doc):
     from pathlib import Path
 
+    from stepkit.errors import StepkitError
     from stepkit.shards import write_json
 
     p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    write_json(p, doc)
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        write_json(p, doc)
+    except OSError as e:
+        raise StepkitError(f"{p}: cannot write the report ({e.strerror or e})") from None
 
 
 @main.command()

@@ -224,6 +224,12 @@ def _check_writable(out: Path, shard: Path) -> None:
         raise ConfigError(f"{out}: cannot create its folder ({e.strerror or e})") from None
     if not os.access(parent, os.W_OK):
         raise ConfigError(f"{out}: folder {parent} is not writable")
+    probe = parent / f".{out.name}.probe-{os.getpid()}"
+    try:  # root passes os.access everywhere; /sys and /proc still refuse files
+        probe.touch()
+        probe.unlink()
+    except OSError as e:
+        raise ConfigError(f"{out}: cannot write in {parent} ({e.strerror or e})") from None
 
 
 class _OutputLock:
@@ -235,7 +241,10 @@ class _OutputLock:
     def __enter__(self):
         import fcntl
 
-        self.f = open(self.path, "w")
+        try:
+            self.f = open(self.path, "w")
+        except OSError as e:
+            raise ConfigError(f"{self.path.parent}: cannot write there ({e.strerror or e})") from None
         try:
             fcntl.flock(self.f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

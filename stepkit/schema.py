@@ -155,15 +155,15 @@ def error_reason(error: str) -> str:
 def check_values(rows: list[dict], path, first_row: int, columns: tuple[str, ...], unique: str | None = None,
                  seen: set | None = None) -> None:
     """Raise :class:`InputError` for the first row whose ``columns`` are null or empty strings, or whose
-    ``unique`` column repeats a value already in ``seen`` (a set the caller keeps across chunks)."""
+    ``unique`` column repeats a value already in ``seen`` (a set the caller keeps across chunks).
+
+    Rows with an upstream ``error`` skip the value checks but not the uniqueness check."""
     for i, row in enumerate(rows):
-        if row.get("error"):
-            continue
-        for c in columns:
+        for c in columns if not row.get("error") else ():
             v = row.get(c)
             if v is None or (isinstance(v, str) and not v.strip()):
                 raise InputError(path, "null or empty", row=first_row + i, column=c)
-        if unique is not None and seen is not None:
+        if unique is not None and seen is not None and row.get(unique) is not None:
             key = row.get(unique)
             if key in seen:
                 raise InputError(path, f"duplicate value {key!r}", row=first_row + i, column=unique)

@@ -108,3 +108,56 @@ def test_bad_columns(constructed, tmp_path):
     p = subprocess.run([sys.executable, "-m", "stepkit.cli", "eval", "processbench", str(tmp_path / "missing.parquet"),
                         "--pred", "pred"], capture_output=True, text=True)
     assert p.returncode == 1 and p.stderr.count("\n") == 1
+
+
+def test_impossible_values_name_row_and_column(tmp_path):
+    schema = pa.schema([("id", pa.string()), ("source", pa.string()), ("steps", pa.list_(pa.string())),
+                        ("reference_first_error", pa.int32()), ("pred", pa.int32()), ("labels", pa.list_(pa.bool_()))])
+
+    def shard(name, **row):
+        base = {"id": name, "source": "processbench/gsm8k/0", "steps": ["a", "b"], "reference_first_error": 0,
+                "pred": 0, "labels": [True, False]}
+        return pq.write_table(pa.Table.from_pylist([{**base, **row}], schema=schema), tmp_path / f"{name}.parquet") or tmp_path / f"{name}.parquet"
+
+    with pytest.raises(InputError, match=r"row 0, column 'reference_first_error': first-error index -5 outside -1..1"):
+        processbench_report(shard("g", reference_first_error=-5), "pred")
+    with pytest.raises(InputError, match=r"column 'pred': first-error index 2 outside -1..1"):
+        processbench_report(shard("p", pred=2), "pred")
+    with pytest.raises(InputError, match=r"column 'labels': 3 labels for 2 steps"):
+        processbench_report(shard("l", labels=[True, True, True]), "labels")
+
+
+def test_folder_checks_kinds_ids_and_unfinished_runs(constructed, tmp_path):
+    folder = tmp_path / "f"
+    folder.mkdir()
+    t = pq.read_table(constructed)
+    pq.write_table(t, folder / "a.parquet")
+    pq.write_table(t, folder / "b.parquet")
+    with pytest.raises(InputError, match=r"b.parquet: row 0, column 'id': duplicate id '0' \(also in a.parquet\)"):
+        processbench_report(folder, "pred")
+    # the same column as indices in one shard and as step labels in another
+    b = t.set_column(t.schema.get_field_index("id"), "id", pa.array([f"b{i}" for i in range(t.num_rows)]))
+    b = b.drop(["pred"]).rename_columns([c if c != "pred_labels" else "pred" for c in b.drop(["pred"]).column_names])
+    pq.write_table(b, folder / "b.parquet")
+    with pytest.raises(InputError, match="b.parquet: column 'pred': holds step labels but a.parquet holds first-error"):
+        processbench_report(folder, "pred")
+    (folder / "b.parquet").unlink()
+    (folder / "c.parquet.parts").mkdir()
+    r = processbench_report(folder, "pred")
+    assert r["unfinished"] == [str(folder / "c.parquet.parts")]
+    p = subprocess.run([sys.executable, "-m", "stepkit.cli", "eval", "processbench", str(folder), "--pred", "pred"],
+                       capture_output=True, text=True)
+    assert p.returncode == 0 and "has not finished" in p.stdout
+
+
+def test_empty_label_list_without_steps_is_missing(tmp_path):
+    rows = [{"id": "a", "source": "processbench/gsm8k/a", "reference_first_error": -1, "pred_labels": [], "error": None}]
+    r = processbench_report(write(tmp_path / "e.parquet", rows), "pred_labels")["splits"]["gsm8k"]
+    assert r["missing"] == 1 and r["acc_correct"] == 0
+
+
+def test_json_report_never_overwrites_a_shard(constructed):
+    before = constructed.read_bytes()
+    p = subprocess.run([sys.executable, "-m", "stepkit.cli", "eval", "processbench", str(constructed), "--pred", "pred",
+                        "--json", str(constructed)], capture_output=True, text=True)
+    assert p.returncode == 2 and "must end in .json" in p.stderr and constructed.read_bytes() == before

@@ -45,8 +45,10 @@ def test_case_grade_letter_anchored(cases):
 
 
 @pytest.mark.parametrize("text,labels,want", [
-    # the verdict after the last marker wins, even when the reply rambles on afterwards
-    ("Final verdict: NOT SUCCESS. At first I was going to answer SUCCESS.", ["SUCCESS", "NOT SUCCESS"], "NOT SUCCESS"),
+    # the verdict on the line of the last marker wins, even when the reply rambles on afterwards
+    ("Final verdict: NOT SUCCESS.\nAt first I was going to answer SUCCESS.", ["SUCCESS", "NOT SUCCESS"], "NOT SUCCESS"),
+    ("Final verdict:\n\n**NOT SUCCESS**", ["SUCCESS", "NOT SUCCESS"], "NOT SUCCESS"),
+    ("Is the grade A or B? After review, it's B", ["A", "B"], "B"),   # a question is no verdict marker
     ("Verdict: incorrect", ["correct", "incorrect"], "incorrect"),
     ("It looks correct at first, but the sum is off. Final answer: incorrect", ["correct", "incorrect"], "incorrect"),
     ("the grade is: A", ["A", "B"], "A"),
@@ -61,6 +63,12 @@ def test_parse_label_variants(text, labels, want):
     ("UNSUCCESSFUL attempt", ["SUCCESS", "NOT SUCCESS"]),     # a label inside a word is not a verdict
     ("As a judge I am unsure.", ["A", "B"]),                   # 'a' is not grade 'A'
     ("", ["A", "B"]),
+    ("Final verdict: correct? No, incorrect", ["correct", "incorrect"]),      # two verdicts: ambiguous
+    ("Final verdict: NOT correct", ["correct", "incorrect"]),                # negated
+    ("Final verdict: The answer is not a SUCCESS.", ["SUCCESS", "NOT SUCCESS"]),
+    ("The step is correct. Final verdict:", ["correct", "incorrect"]),        # marker with nothing after it
+    ("Grade: A-", ["A", "B"]), ("Grade: B+", ["A", "B"]),                      # modified grades are neither
+    ("I would not say SUCCESS", ["SUCCESS", "NOT SUCCESS"]),
 ])
 def test_parse_label_failures(text, labels):
     with pytest.raises(VerdictParseError):
@@ -73,9 +81,28 @@ def test_parse_label_failures(text, labels):
     ("\\boxed{ $1$ }", 3, 1),
     ("\\boxed{\\text{0}}", 3, 0),
     ("first \\boxed{0} then on reflection \\boxed{1}", 2, 1),
+    ("\\boxed{\u22121}", 3, -1),                          # Unicode minus
+    ("\\boxed{\\text{Paragraph 2}}", 3, 2),
+    ("\\boxed{\\textit{2}}", 3, 2), ("\\boxed{\\displaystyle 2}", 3, 2), ("\\boxed{\\(2\\)}", 3, 2),
+    ("**Final answer: \\boxed{2}**", 3, 2),
 ])
 def test_parse_first_error_reads_the_last_box(text, m, want):
     assert parse_first_error(text, m) == want
+
+
+@pytest.mark.parametrize("text,want", [
+    ("Earliest error: \\boxed{2}. The solution's answer \\boxed{18} is wrong.", 2),  # quote after, out of range
+    ("The solution ends with \\boxed{3}. Paragraph 1 is wrong: \\boxed{1}", 1),       # quote before
+    ("The first error is paragraph 3: \\boxed{3}", 3),        # the index equals the answer: the only box
+])
+def test_quoted_answers_are_not_verdicts(text, want):
+    quotes = ("3", "18") if "18" not in text else ("18",)
+    assert parse_first_error(text, 4, quotes=quotes) == want
+
+
+def test_ambiguous_quote_is_a_parse_failure():
+    with pytest.raises(VerdictParseError, match="ambiguous"):
+        parse_first_error("Earliest error: \\boxed{2}. So the solution's answer \\boxed{3} is wrong.", 4, quotes=("3",))
 
 
 @pytest.mark.parametrize("text,m,why", [
@@ -83,8 +110,10 @@ def test_parse_first_error_reads_the_last_box(text, m, want):
     ("\\boxed{7}", 4, "outside -1..3"),
     ("\\boxed{-2}", 4, "outside"),
     ("\\boxed{2.5}", 4, "not a step index"),
-    ("\\boxed{paragraph 2}", 4, "not a step index"),
+    ("\\boxed{paragraph two}", 4, "not a step index"),
     ("the answer is \\boxed{", 4, "no \\boxed"),   # unclosed (cut off)
+    ("\\boxed{" + "9" * 5000 + "}", 4, "not a step index"),  # no int() of a huge digit string
+    ("\\boxed{\uff12}", 4, "not a step index"),             # ASCII digits only
 ])
 def test_parse_first_error_failures(text, m, why):
     with pytest.raises(VerdictParseError, match=why.replace("\\", "\\\\").replace(".", r"\.")):
@@ -93,8 +122,35 @@ def test_parse_first_error_failures(text, m, why):
 
 def test_parse_step_verdicts_final_block_and_longest_word():
     text = ("Paragraph 0: correct, 3*4 = 12.\nParagraph 1: correct at first sight...\n"
-            "Wait, 12 + 5 is 17, not 18.\n\nParagraph 0: correct\n**Paragraph 1:** incorrect\n- Step 2: Incorrect")
+            "Wait, 12 + 5 is 17, not 18.\n\nParagraph 0: correct\n**Paragraph 1:** incorrect\n- Paragraph 2: Incorrect")
     assert parse_step_verdicts(text, 3) == [True, False, False]
+
+
+@pytest.mark.parametrize("text,want", [
+    ("1. Paragraph 0: correct\n2. Paragraph 1: _incorrect_", [True, False]),
+    ("| Paragraph 0 | correct |\n| Paragraph 1 | `incorrect` |", [True, False]),
+    ("Paragraph 0 \u2014 correct\nParagraph 1 \u2013 \"incorrect\"", [True, False]),
+    ("Step 0: correct\nStep 1: incorrect", [True, False]),
+    # Paragraph lines win over Step lines; a zero-padded index is no verdict line
+    ("Paragraph 0: correct\nParagraph 1: incorrect\nStep 1: correct (the arithmetic)\nParagraph 01: correct", [True, False]),
+])
+def test_parse_step_verdicts_formats(text, want):
+    assert parse_step_verdicts(text, 2) == want
+
+
+def test_parsers_are_linear_on_adversarial_replies():
+    import time
+
+    for text in ("Paragraph 0:" + " " * 200_000 + "x", "*" * 200_000, "Paragraph 0: correct " * 50_000,
+                 "\\boxed{" * 50_000, "Final verdict: " + "A " * 100_000):
+        t0 = time.perf_counter()
+        for f in (lambda: parse_step_verdicts(text, 1), lambda: parse_first_error(text, 1),
+                  lambda: parse_label(text, ["A", "B"])):
+            try:
+                f()
+            except VerdictParseError:
+                pass
+        assert time.perf_counter() - t0 < 5  # quadratic parsing took hours on 1 MB
 
 
 @pytest.mark.parametrize("text,m,why", [
@@ -102,6 +158,11 @@ def test_parse_step_verdicts_final_block_and_longest_word():
     ("Paragraph 0: correct\nParagraph 1: correct\nParagraph 2: incorrect", 2, "paragraph 2 but"),
     ("Everything is correct.", 2, "no verdict"),
     ("Paragraph 0: the sum is correct", 1, "no verdict"),  # a verdict must follow the label directly
+    ("Paragraph 0: correct\nParagraph 1: correct? No \u2014 incorrect", 2, "ambiguous"),
+    ("Paragraph 0: correct\nParagraph 1: correct calculation but wrong conclusion, so incorrect", 2, "ambiguous"),
+    ("Paragraph 0: correct\nParagraph 1: correct-ish", 2, "1 of 2"),
+    ("Paragraph 0: not correct", 1, "no verdict"),
+    ("Paragraph " + "1" * 5000 + ": correct", 1, "no verdict"),
 ])
 def test_parse_step_verdicts_failures(text, m, why):
     with pytest.raises(VerdictParseError, match=why):
@@ -289,3 +350,40 @@ def test_cli_judge_custom_template_hash_in_manifest(pb, tmp_path):
     m = read_manifest(out)
     assert m["config"]["prompt_template"] == {"version": "mine-v1", "hash": load_template(tmpl).hash()}
     assert all(r["judge_status"] == "ok" for r in pq.read_table(out).to_pylist())
+
+
+def test_quoted_solution_answer_in_the_stage():
+    steps = ["3 + 4 = 7.", "7 * 2 = 14.", "So the answer is \\boxed{2}."]
+    replies = iter(["Paragraph 0 is wrong: \\boxed{0}. The solution's \\boxed{2} is wrong.",
+                    "The solution's answer \\boxed{2} is wrong; the first error is in paragraph 1.\n\\boxed{1}"])
+    stage, _ = judge_stage(lambda p, j, n: next(replies), votes=1, retries=1)
+    (r,), _ = stage.process([row(steps=steps)])
+    # reply 1: \boxed{0} then a quote that is a valid different index -> ambiguous; reply 2: the quote comes first
+    assert r["judge_parse_failures"] == 1 and "ambiguous" in r["judge_parse_error"] and r["judge_first_error"] == 1
+
+
+def test_duplicate_id_after_an_upstream_error_is_refused(pb, tmp_path):
+    import pyarrow as pa
+
+    t = pq.read_table(pb)
+    ids = t.column("id").to_pylist()
+    ids[3] = ids[2]
+    errs = [None] * t.num_rows
+    errs[2] = "rollout: engine: boom"
+    t = t.set_column(t.schema.get_field_index("id"), "id", pa.array(ids, pa.string()))
+    t = t.set_column(t.schema.get_field_index("error"), "error", pa.array(errs, pa.string()))
+    dup = tmp_path / "dup.parquet"
+    pq.write_table(t, dup)
+    p = run("judge", dup, tmp_path / "o.parquet", "--engine", "scripted", "--model", "scripted:judge", check=False)
+    assert p.returncode == 1 and "row 3, column 'id': duplicate value" in p.stderr
+
+
+def test_unwritable_output_and_bad_template_are_one_line(pb, tmp_path):
+    p = run("judge", pb, "/proc/stepkit-out.parquet", "--engine", "scripted", "--model", "scripted:judge", check=False)
+    assert p.returncode == 1 and p.stderr.startswith("error: ") and p.stderr.count("\n") == 1
+    for body in ("version: x\nmode: first-error\nsystem: 123\nuser: '{problem} {steps}'\n", b"\xff\xfe bad"):
+        tmpl = tmp_path / "t.yaml"
+        tmpl.write_bytes(body if isinstance(body, bytes) else body.encode())
+        p = run("judge", pb, tmp_path / "o.parquet", "--engine", "scripted", "--model", "scripted:judge",
+                "--template", tmpl, check=False)
+        assert p.returncode == 1 and p.stderr.startswith("error: ") and p.stderr.count("\n") == 1, p.stderr

@@ -53,7 +53,7 @@ _MATH_WORDS = frozenset({"pi", "infinity", "inf", "sqrt", "mod", "and", "or"})
 _LIST_CONTINUES = re.compile(r"[ \t]*(?:-|\+|\$|\\|\(|\[|\{|\d|(?!I\b)[A-Za-z](?![A-Za-z]))")
 
 
-def _boxes(text: str) -> list[tuple[int, int, int, bool]]:
+def find_boxes(text: str) -> list[tuple[int, int, int, bool]]:
     r"""All ``\boxed{...}`` / ``\fbox{...}`` with balanced braces, sorted by start, as
     (start, content start, content end, holds another box).
 
@@ -193,7 +193,7 @@ def _clean(ans: str) -> str:
     """Normalize one captured answer: last box inside it, no ``$``/period/emphasis wrapping, no thousands
     commas, no leading zeros."""
     ans = ans.strip().strip("*_").strip()
-    boxes = _boxes(ans)
+    boxes = find_boxes(ans)
     if boxes:  # the last box inside the phrase (the innermost, when boxes are nested)
         _, a, b, _ = boxes[-1]
         ans = ans[a:b].strip()
@@ -253,7 +253,7 @@ def extract_final_answer(text: str) -> str | None:
     """
     text = _tail(text)
     # (start, content start, content end or -1 for a phrase, holds another box)
-    candidates = _boxes(text)
+    candidates = find_boxes(text)
     for pattern in _PATTERNS:
         candidates += [(m.start(), m.end(), -1, False) for m in pattern.finditer(text)]
     bound = len(text)  # a phrase ends where the next candidate starts, so all phrases together are linear

@@ -20,32 +20,44 @@ from __future__ import annotations
 import re
 from collections import Counter
 
-from stepkit.grading.answers import _boxes
+from stepkit.grading.answers import find_boxes
 
 
 class VerdictParseError(ValueError):
     """A judge reply that states no usable verdict. ``str(e)`` is a short reason for the row record."""
 
 
-# Phrases that introduce a verdict: the verdict is the first label after the last of them.
-_MARKER = re.compile(r"\b(?:final\s+(?:verdict|answer|grade|judg(?:e)?ment)|verdict|grade|rating|judg(?:e)?ment)"
-                     r"\s*(?:is|was|:|=|-)?", re.IGNORECASE)
+# Phrases that introduce a verdict ("Final verdict:", "The final grade is"): a statement, not a question
+# ("Is the grade A or B?" is no marker).
+_MARKER = re.compile(r"\b(?:final\s+(?:verdict|answer|grade|judge?ment)|verdict|grade|rating|judge?ment)"
+                     r"(?:\s+is\b|\s*[:=])", re.IGNORECASE)
+_NEGATION = re.compile(r"\b(?:not|no|never|cannot|can't|isn't|wasn't)\b", re.IGNORECASE)
+# Label words end at a letter, digit, '+' or '-' boundary: "A-" / "B+" are not grades "A" / "B".
+_WORD_START, _WORD_END = r"(?<![A-Za-z0-9+-])", r"(?![A-Za-z0-9+-])"
 
 
 def _label_pattern(labels: list[str]) -> re.Pattern:
     """Whole-word alternation, longest label first; multi-letter labels ignore case, single letters do not."""
     parts = []
-    for lab in sorted(set(labels), key=len, reverse=True):
+    for lab in labels:
         body = r"\s+".join(re.escape(w) for w in lab.split())
         parts.append(f"(?-i:{body})" if len(lab.strip()) == 1 else body)
-    return re.compile(r"(?<![\w-])(?:" + "|".join(f"({p})" for p in parts) + r")(?![\w-])", re.IGNORECASE)
+    return re.compile(_WORD_START + "(?:" + "|".join(f"({p})" for p in parts) + ")" + _WORD_END, re.IGNORECASE)
+
+
+def _sentence_before(text: str, i: int) -> str:
+    """The text of the sentence that ends at ``i`` (at most 40 characters back)."""
+    start = max(0, i - 40)
+    cut = max(text.rfind(c, start, i) for c in ".!?\n")
+    return text[max(start, cut + 1):i]
 
 
 def parse_label(text: str, labels: list[str]) -> str:
     """The final verdict of ``text`` among ``labels``.
 
-    After the last verdict marker ("Final verdict:", "The final grade is" ...) the first label is the
-    verdict; without a marker, the last label in the text is.
+    With a verdict marker ("Final verdict:", "The final grade is"), the verdict is the label on the rest
+    of the line after the last marker (or on the next non-empty line when the marker ends its line);
+    without one, the last label in the text. Labels match as whole words, the longest first.
 
     Args:
         text: the judge's reply.
@@ -55,7 +67,8 @@ def parse_label(text: str, labels: list[str]) -> str:
         The label as given in ``labels``.
 
     Raises:
-        VerdictParseError: no label occurs where a verdict is expected.
+        VerdictParseError: no label where the verdict is expected, two different labels in the verdict
+            ("Final verdict: correct? No, incorrect"), or a negated label ("Final verdict: not correct").
     """
     if not labels:
         raise ValueError("labels must not be empty")
@@ -63,54 +76,100 @@ def parse_label(text: str, labels: list[str]) -> str:
     pat = _label_pattern(ordered)
     markers = list(_MARKER.finditer(text))
     if markers:
-        m = pat.search(text, markers[-1].end())
-        if m is not None:
-            return ordered[m.lastindex - 1]
+        seg_start = markers[-1].end()
+        seg_end = text.find("\n", seg_start)
+        segment = text[seg_start: seg_end if seg_end >= 0 else len(text)]
+        if not segment.strip() and seg_end >= 0:  # "Final verdict:\nNOT SUCCESS"
+            segment = next((ln for ln in text[seg_end:].splitlines() if ln.strip()), "")
+        found = list(pat.finditer(segment))
+        if not found:
+            raise VerdictParseError(f"no verdict after {markers[-1].group().strip()!r}")
+        if len({m.lastindex for m in found}) > 1:
+            raise VerdictParseError("ambiguous verdict: " + " and ".join(sorted({m.group() for m in found})))
+        if _NEGATION.search(segment[:found[0].start()]):
+            raise VerdictParseError(f"negated verdict: {segment.strip()[:60]!r}")
+        return ordered[found[0].lastindex - 1]
     found = list(pat.finditer(text))
     if not found:
         raise VerdictParseError("no verdict: none of " + ", ".join(repr(x) for x in labels) + " stated")
-    return ordered[found[-1].lastindex - 1]
+    last = found[-1]
+    if _NEGATION.search(_sentence_before(text, last.start())):
+        raise VerdictParseError(f"negated verdict: {text[max(0, last.start() - 30):last.end()]!r}")
+    return ordered[last.lastindex - 1]
 
 
-_INDEX = re.compile(r"[+-]?\d+")
-_MARKUP = re.compile(r"\\(?:text|mathrm|mathbf|textbf)\s*\{([^{}]*)\}|[$\s]")
+# A step index inside a box, after unwrapping \text{...} and friends: "2", "-1", "Paragraph 2".
+_INDEX = re.compile(r"(?:(?:paragraph|step)_?)?([+-]?[0-9]{1,6})", re.IGNORECASE)
+_WRAPPER = re.compile(r"\\[A-Za-z]+\s*\{([^{}]*)\}")
+_NOISE = re.compile(r"\\(?:displaystyle|textstyle|left|right|[,;:!()\[\] ])|[$\s~]")
 
 
-def parse_first_error(text: str, n_steps: int) -> int:
-    r"""The earliest-error index of a first-error reply: the content of its last ``\boxed{}``.
+def _box_index(content: str) -> int | None:
+    """The integer a box states (``\\text{2}``, ``$-1$``, ``−1`` with a Unicode minus), or None."""
+    s = content.replace("\u2212", "-")
+    for _ in range(3):
+        s = _WRAPPER.sub(r"\1", s)
+    m = _INDEX.fullmatch(_NOISE.sub("", s))
+    return int(m.group(1)) if m else None
+
+
+def _norm_quote(s: str) -> str:
+    return re.sub(r"\s+", "", s)
+
+
+def parse_first_error(text: str, n_steps: int, quotes: tuple[str, ...] | set[str] = ()) -> int:
+    r"""The earliest-error index of a first-error reply: its last ``\boxed{}`` (ProcessBench's protocol).
+
+    A box whose content repeats the solution's own answer (``quotes``: the boxed answers in the steps
+    and the extracted final answer) is a quotation, not a verdict, unless every box is one. When a
+    quotation that is itself a valid, different index follows the last other box, the reply is
+    ambiguous ("Earliest error: \boxed{2}. The solution's answer \boxed{3} is wrong.") and is a parse
+    failure rather than a guess.
 
     Args:
         text: the judge's reply.
         n_steps: M >= 1, the number of steps judged.
+        quotes: answers of the judged solution, as written.
 
     Returns:
         An index in ``-1 .. M-1`` (``-1``: no step is wrong).
 
     Raises:
-        VerdictParseError: no ``\boxed{}``, a box that is not an integer, or an index outside -1..M-1.
+        VerdictParseError: no ``\boxed{}``, a box that is not an integer, an index outside -1..M-1, or
+            an ambiguous quotation.
     """
-    boxes = [b for b in _boxes(text) if not b[3]]
+    boxes = [(text[b[1]:b[2]], _box_index(text[b[1]:b[2]])) for b in find_boxes(text) if not b[3]]
     if not boxes:
         raise VerdictParseError("no verdict: no \\boxed{} index in the reply")
-    _, start, end, _ = boxes[-1]
-    content = _MARKUP.sub(lambda m: m.group(1) or "", text[start:end])
-    if not _INDEX.fullmatch(content):
-        raise VerdictParseError(f"verdict \\boxed{{{text[start:end][:40]}}} is not a step index")
-    k = int(content)
+    quoted = {_norm_quote(q) for q in quotes if q}
+    own = [i for i, (c, _) in enumerate(boxes) if _norm_quote(c) not in quoted]
+    pick = own[-1] if own else len(boxes) - 1
+    content, k = boxes[pick]
+    for c, q in boxes[pick + 1:]:  # quotations after the verdict
+        if q is not None and -1 <= q < n_steps and q != k:
+            raise VerdictParseError(f"ambiguous verdict: \\boxed{{{content[:20]}}} then the solution's "
+                                    f"answer \\boxed{{{c[:20]}}}")
+    if k is None:
+        raise VerdictParseError(f"verdict \\boxed{{{content[:40]}}} is not a step index")
     if not -1 <= k < n_steps:
         raise VerdictParseError(f"verdict index {k} is outside -1..{n_steps - 1} ({n_steps} steps)")
     return k
 
 
-_STEP_LINE = re.compile(
-    r"^[ \t>*#\-]*\**(?:paragraph|step)[ \t_]*(\d+)\**[ \t]*(?:[:.)=\-]|is)\**[ \t]*\**[ \t]*"
-    r"(incorrect|correct)\b", re.IGNORECASE | re.MULTILINE)
+_LINE_CAP = 300  # characters of a line examined: bounds the work on adversarial replies
+_LEAD = " \t>*#-•|"
+_SEP = " \t*_:.)=|`'\"-\u2013\u2014"
+_STEP_HEAD = re.compile(r"(?:[0-9]{1,3}[.)][ \t]+)?[*_]*(paragraph|step)[ \t_]?([0-9]{1,4})(?![0-9])", re.IGNORECASE)
+_VERDICT_WORD = re.compile(r"(?<![A-Za-z0-9-])(incorrect|correct)(?![A-Za-z0-9-])", re.IGNORECASE)
 
 
 def parse_step_verdicts(text: str, n_steps: int) -> list[bool]:
     """Per-step verdicts of a per-step reply: lines ``Paragraph k: correct|incorrect``.
 
-    A step stated more than once counts with its last statement (the reply's final verdict).
+    A verdict line starts with ``Paragraph k`` (or ``Step k``; when a reply uses both, only the
+    ``Paragraph`` lines count), then separators, then the verdict word first (markdown bold, list
+    numbers and table pipes are allowed). A step stated more than once counts with its last statement
+    (the reply's final verdict). Each line is examined up to 300 characters, so parsing is linear.
 
     Args:
         text: the judge's reply.
@@ -120,12 +179,28 @@ def parse_step_verdicts(text: str, n_steps: int) -> list[bool]:
         M booleans, True for a correct step.
 
     Raises:
-        VerdictParseError: no verdict line, a verdict for a step that does not exist, or verdicts for
-            fewer than M steps (a count that differs from the step count is never read as verdicts).
+        VerdictParseError: no verdict line; a verdict line that also states the other verdict
+            ("Paragraph 1: correct? No, incorrect"); a verdict for a step that does not exist; or
+            verdicts for fewer than M steps (a count that differs from the step count is never read
+            as verdicts).
     """
-    last: dict[int, bool] = {}
-    for m in _STEP_LINE.finditer(text):
-        last[int(m.group(1))] = m.group(2).lower() == "correct"
+    found: dict[str, dict[int, bool]] = {"paragraph": {}, "step": {}}
+    for line in text.splitlines():
+        line = line[:_LINE_CAP].lstrip(_LEAD)
+        head = _STEP_HEAD.match(line)
+        if head is None or (len(head.group(2)) > 1 and head.group(2).startswith("0")):
+            continue
+        rest = line[head.end():].lstrip(_SEP)
+        if rest[:3].lower() == "is ":
+            rest = rest[3:].lstrip(_SEP)
+        word = _VERDICT_WORD.match(rest)
+        if word is None:
+            continue
+        k = int(head.group(2))
+        if len({w.lower() for w in _VERDICT_WORD.findall(rest)}) > 1:
+            raise VerdictParseError(f"ambiguous verdict for paragraph {k}: {rest[:60]!r}")
+        found[head.group(1).lower()][k] = word.group(1).lower() == "correct"
+    last = found["paragraph"] or found["step"]
     if not last:
         raise VerdictParseError("no verdict: no 'Paragraph k: correct/incorrect' line")
     extra = sorted(k for k in last if k >= n_steps)

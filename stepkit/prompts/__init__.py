@@ -97,14 +97,16 @@ def load_template(path: str | Path) -> PromptTemplate:
 
     path = Path(path)
     try:
-        doc = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as e:
+        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
         raise ConfigError(f"{path}: not a readable YAML template ({e})") from None
     if not isinstance(doc, dict):
         raise ConfigError(f"{path}: a template is a mapping with version, user, system, mode")
     for key in ("version", "user"):
         if not isinstance(doc.get(key), str) or not doc[key].strip():
             raise ConfigError(f"{path}: key {key!r} must be a non-empty string")
+    if doc.get("system") is not None and not isinstance(doc["system"], str):
+        raise ConfigError(f"{path}: key 'system' must be a string")
     unknown = set(doc) - {"version", "user", "system", "mode"}
     if unknown:
         raise ConfigError(f"{path}: unknown key(s) {', '.join(sorted(unknown))}")

@@ -42,40 +42,72 @@ def _kind(path: Path, schema: pa.Schema, column: str) -> str:
                      column=column)
 
 
-def load_columns(shard: str | Path, columns: list[str], optional: tuple[str, ...] = ("source",)
-                 ) -> tuple[list[dict], dict[str, str]]:
-    """Rows of every shard of ``shard`` (a file or folder) with ``columns`` (plus ``optional`` when present).
+def _first_error(value, kind: str, n_steps: int | None, path: Path, row: int, column: str) -> int | None:
+    """One cell as a first-error prediction (None: missing); InputError for an impossible value."""
+    if value is None:
+        return None
+    if kind == "index":
+        k = int(value)
+        if k < -1 or (n_steps is not None and k >= n_steps):
+            bound = f"-1..{n_steps - 1}" if n_steps is not None else ">= -1"
+            raise InputError(path, f"first-error index {k} outside {bound}", row=row, column=column)
+        return k
+    labels = list(value)
+    if n_steps is not None and len(labels) != n_steps:
+        raise InputError(path, f"{len(labels)} labels for {n_steps} steps", row=row, column=column)
+    return first_error_of(labels) if labels else None
+
+
+def load_predictions(shard: str | Path, columns: list[str]) -> tuple[list[dict], dict[str, str], list[str]]:
+    """First-error predictions of ``columns`` for every row of ``shard`` (a file or folder).
+
+    Each row is ``{"id", "source", "n_steps", <column>: int | None ...}``; cells are checked against
+    the row's step count when the shard has ``steps``.
 
     Returns:
-        (rows, kinds): kinds maps each of ``columns`` to ``index`` or ``labels``.
+        (rows, kinds, unfinished): kinds maps each column to ``index`` or ``labels``; unfinished lists
+        the ``*.parquet.parts`` folders of runs that have not finished (their rows are not there yet).
 
     Raises:
-        InputError: unreadable shard, missing column, or a column of another type (naming file and column).
+        InputError: unreadable shard; a missing column; a column of another type, or of another kind
+            than in an earlier shard; an index outside -1..M-1 or a label list of another length than
+            the steps; an id seen twice (naming file, row and column).
     """
     rows: list[dict] = []
-    kinds: dict[str, str] = {}
-    for p in list_shards(shard):
+    kinds: dict[str, tuple[str, Path]] = {}
+    seen: dict[str, Path] = {}
+    shards = list_shards(shard)
+    for p in shards:
         schema = open_parquet(p).schema_arrow
         for c in columns:
-            kinds[c] = _kind(p, schema, c)
-        have = [c for c in optional if c in schema.names and c not in columns]
-        rows.extend(read_rows(p, columns=list(dict.fromkeys(columns + have))))
-    return rows, kinds
-
-
-def prediction(row: dict, column: str, kind: str) -> int | None:
-    """The first-error prediction of ``row`` in ``column`` (None: missing). Stages null their own columns
-    on a row error, so a non-null value is a prediction even when a later stage failed on the row."""
-    v = row.get(column)
-    if v is None:
-        return None
-    return int(v) if kind == "index" else first_error_of(list(v))
+            k = _kind(p, schema, c)
+            if c in kinds and kinds[c][0] != k:
+                raise InputError(p, f"holds {'step labels' if k == 'labels' else 'first-error indices'} but "
+                                    f"{kinds[c][1].name} holds {'step labels' if kinds[c][0] == 'labels' else 'first-error indices'}",
+                                 column=c)
+            kinds.setdefault(c, (k, p))
+        extra = [c for c in ("id", "source", "steps") if c in schema.names and c not in columns]
+        for i, r in enumerate(read_rows(p, columns=list(dict.fromkeys(columns + extra)))):
+            n = len(r["steps"]) if r.get("steps") is not None else None
+            rid = r.get("id")
+            if rid is not None:
+                if rid in seen:
+                    raise InputError(p, f"duplicate id {rid!r}" + (f" (also in {seen[rid].name})" if seen[rid] != p else ""),
+                                     row=i, column="id")
+                seen[rid] = p
+            out = {"id": rid, "source": r.get("source"), "n_steps": n}
+            for c in columns:
+                out[c] = _first_error(r.get(c), kinds[c][0], n, p, i, c)
+            rows.append(out)
+    folder = Path(shard)
+    unfinished = sorted(str(x) for x in folder.glob("*.parquet.parts") if x.is_dir()) if folder.is_dir() else []
+    return rows, {c: k for c, (k, _) in kinds.items()}, unfinished
 
 
 def split_of(row: dict) -> str:
     """The benchmark split of a row: ``gsm8k`` for source ``processbench/gsm8k/<id>``, else ``all``."""
     parts = (row.get("source") or "").split("/")
-    return parts[1] if len(parts) >= 3 else "all"
+    return parts[1] if len(parts) >= 3 and parts[0] == "processbench" else "all"
 
 
 def _scores(gold: list[int], pred: list[int | None]) -> dict[str, Any]:
@@ -102,23 +134,24 @@ def processbench_report(shard: str | Path, pred: str, gold: str = "reference_fir
         wrong, the paper's protocol), ``f1_answered`` (missing predictions left out), ``coverage``,
         ``missing``, ``n_erroneous``, ``n_correct``, ``rows``. ``average`` is the mean over splits of
         ``f1`` and ``f1_answered`` (None when a split has no F1). Rows whose gold label is null (e.g.
-        flagged inconsistent at import) are left out and counted in ``no_gold``.
+        flagged inconsistent at import) are left out and counted in ``no_gold``; ``unfinished`` lists
+        runs in the folder that have not finished (their rows are missing from the scores).
 
     Raises:
-        InputError: missing or mistyped column; no row with a gold label.
+        InputError: see :func:`load_predictions`; a gold column of step labels; no row with a gold label.
     """
-    rows, kinds = load_columns(shard, [pred, gold])
+    rows, kinds, unfinished = load_predictions(shard, [pred, gold])
     if kinds[gold] != "index":
         raise InputError(shard, "the gold column must hold first-error indices (int)", column=gold)
     by_split: dict[str, tuple[list, list]] = defaultdict(lambda: ([], []))
     no_gold = 0
     for r in rows:
-        if r.get(gold) is None:
+        if r[gold] is None:
             no_gold += 1
             continue
         g, p = by_split[split_of(r)]
-        g.append(int(r[gold]))
-        p.append(prediction(r, pred, kinds[pred]))
+        g.append(r[gold])
+        p.append(r[pred])
     if not by_split:
         raise InputError(shard, "no row has a gold first-error label", column=gold)
     splits = {s: _scores(g, p) for s, (g, p) in sorted(by_split.items())}
@@ -127,7 +160,7 @@ def processbench_report(shard: str | Path, pred: str, gold: str = "reference_fir
         vals = [v[key] for v in splits.values()]
         return None if any(x is None for x in vals) else sum(vals) / len(vals)
 
-    return {"pred": pred, "gold": gold, "splits": splits, "no_gold": no_gold,
+    return {"pred": pred, "gold": gold, "splits": splits, "no_gold": no_gold, "unfinished": unfinished,
             "average": {"f1": mean("f1"), "f1_answered": mean("f1_answered"),
                         "rows": sum(v["rows"] for v in splits.values())}}
 
@@ -153,10 +186,10 @@ def agreement_report(shard: str | Path, a: str, b: str, cap: int = 8) -> dict[st
         ``matrix``: {a category: {b category: count}} over -1, 0 .. cap-1, ``>=cap`` and ``none``.
 
     Raises:
-        InputError: missing or mistyped column.
+        InputError: see :func:`load_predictions`.
     """
-    rows, kinds = load_columns(shard, [a, b])
-    pa_, pb = [prediction(r, a, kinds[a]) for r in rows], [prediction(r, b, kinds[b]) for r in rows]
+    rows, _, unfinished = load_predictions(shard, [a, b])
+    pa_, pb = [r[a] for r in rows], [r[b] for r in rows]
     matrix: dict[str, Counter] = defaultdict(Counter)
     for x, y in zip(pa_, pb):
         matrix[_category(x, cap)][_category(y, cap)] += 1
@@ -173,7 +206,7 @@ def agreement_report(shard: str | Path, a: str, b: str, cap: int = 8) -> dict[st
         pe = pa1 * pb1 + (1 - pa1) * (1 - pb1)
         kappa = None if pe == 1 else (po - pe) / (1 - pe)
     order = ["-1"] + [str(i) for i in range(cap)] + [f">={cap}", "none"]
-    return {"a": a, "b": b, "rows": len(rows), "both": n,
+    return {"a": a, "b": b, "rows": len(rows), "both": n, "unfinished": unfinished,
             "exact": exact / n if n else None, "error_vs_none": agree_bin / n if n else None, "kappa": kappa,
             "a_earlier": sum(0 <= x < y for x, y in both), "b_earlier": sum(0 <= y < x for x, y in both),
             "a_missing": sum(x is None for x in pa_), "b_missing": sum(y is None for y in pb),
@@ -197,6 +230,7 @@ def print_processbench(report: dict, console) -> None:
         avg = report["average"]
         t.add_row("average", str(avg["rows"]), "", "", "", "", pct(avg["f1"]), "", pct(avg["f1_answered"]))
     console.print(t)
+    _warn_unfinished(report, console)
     if report["no_gold"]:
         console.print(f"{report['no_gold']} row(s) without a gold label left out")
 
@@ -218,6 +252,7 @@ def print_agreement(report: dict, console) -> None:
     s.add_row("b names an earlier error", str(report["b_earlier"]))
     s.add_row("a missing / b missing", f"{report['a_missing']} / {report['b_missing']}")
     console.print(s)
+    _warn_unfinished(report, console)
     cols = sorted({kb for row in report["matrix"].values() for kb in row},
                   key=lambda k: (k == "none", k.startswith(">="), int(k) if k.lstrip("-").isdigit() else 0))
     m = Table(title="first error: a (rows) x b (columns)")
@@ -227,3 +262,8 @@ def print_agreement(report: dict, console) -> None:
     for ka, row in report["matrix"].items():
         m.add_row(ka, *[str(row.get(c, "")) for c in cols])
     console.print(m)
+
+
+def _warn_unfinished(report: dict, console) -> None:
+    for parts in report.get("unfinished", []):
+        console.print(f"[yellow]warning:[/yellow] {parts}: a run that has not finished; its rows are not scored")

@@ -33,6 +33,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from stepkit.engines.base import Engine, Request, SamplingConfig
+from stepkit.grading.answers import find_boxes
 from stepkit.grading.verdicts import (VerdictParseError, first_error_of, labels_from_first_error,
                                       parse_first_error, parse_step_verdicts, vote_first_error, vote_steps)
 from stepkit.prompts import JUDGE_MODES, PromptTemplate, judge_template, render_judge
@@ -42,8 +43,11 @@ from stepkit.schema import JUDGE_FIELDS, extend_schema
 _EMPTY = {f.name: None for f in JUDGE_FIELDS}
 
 
-def parse_reply(text: str, finish_reason: str, mode: str, n_steps: int) -> list[bool]:
+def parse_reply(text: str, finish_reason: str, mode: str, n_steps: int, quotes: tuple[str, ...] = ()) -> list[bool]:
     """One judge reply -> M per-step verdicts (True = correct).
+
+    ``quotes`` are the judged solution's own answers (:func:`solution_answers`), so a box that quotes
+    them is not read as a first-error index.
 
     Raises:
         VerdictParseError: the reply was cut off by ``max_tokens`` or states no usable verdict.
@@ -51,8 +55,15 @@ def parse_reply(text: str, finish_reason: str, mode: str, n_steps: int) -> list[
     if finish_reason == "length":
         raise VerdictParseError("reply cut off by max_tokens before its verdict")
     if mode == "first-error":
-        return labels_from_first_error(parse_first_error(text, n_steps), n_steps)
+        return labels_from_first_error(parse_first_error(text, n_steps, quotes), n_steps)
     return parse_step_verdicts(text, n_steps)
+
+
+def solution_answers(row: dict) -> tuple[str, ...]:
+    """The answers a solution states: the contents of the boxes in its steps and its ``final_answer``."""
+    text = "\n".join(row["steps"])
+    boxed = [text[b[1]:b[2]] for b in find_boxes(text) if not b[3]]
+    return tuple(boxed + ([row["final_answer"]] if row.get("final_answer") else []))
 
 
 def vote_row(mode: str, n_steps: int, votes: list[list[bool]]) -> dict[str, Any]:
@@ -128,6 +139,7 @@ class JudgeStage(LabelerStage):
         todo = [r for r in out if not r.get("error")]
         prompts = {id(r): render_judge(self.engine, self.template, r["prompt"], r["steps"]) for r in todo}
         valid: dict[int, list[list[bool]]] = {id(r): [] for r in todo}
+        quotes = {id(r): solution_answers(r) for r in todo}
         for r in todo:
             r.update(judge_replies=[], judge_parse_failures=0)
         rounds = 1 + (self.retries if self.sampling.temperature > 0 else 0)
@@ -146,7 +158,8 @@ class JudgeStage(LabelerStage):
                         continue
                     r["judge_replies"].append(c.text)
                     try:
-                        valid[id(r)].append(parse_reply(c.text, c.finish_reason, self.mode, len(r["steps"])))
+                        valid[id(r)].append(parse_reply(c.text, c.finish_reason, self.mode, len(r["steps"]),
+                                                        quotes[id(r)]))
                     except VerdictParseError as e:
                         r["judge_parse_failures"] += 1
                         r["judge_parse_error"] = str(e)
