@@ -244,6 +244,21 @@ def test_parse_failures_are_retried():
     assert [q.n for q in engine.calls] == [2, 2] and counters["retry_replies"] == 2
 
 
+def test_retry_rounds_get_other_seeds():
+    seeds = []
+
+    class Recording(ScriptedEngine):
+        def generate(self, requests, sampling):
+            seeds.append(sampling.seed)
+            return super().generate(requests, sampling)
+
+    engine = Recording(flaky(99), "scripted:judge")
+    stage = JudgeStage(lambda: engine, {"name": "scripted"}, "first-error", 1, 2, SamplingConfig(seed=5))
+    stage.open()
+    stage.process([row()])
+    assert len(set(seeds)) == 3 and seeds[0] == 5  # GPU per-request seeds are seed + index: vary per round
+
+
 def test_unparseable_row_is_a_parse_failure_never_a_verdict():
     stage, engine = judge_stage(flaky(99), votes=2, retries=2)
     (r,), counters = stage.process([row()])

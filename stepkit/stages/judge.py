@@ -30,6 +30,7 @@ Columns (one entry per step for the list columns):
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable
 
 from stepkit.engines.base import Engine, Request, SamplingConfig
@@ -41,6 +42,7 @@ from stepkit.runner import LabelerStage
 from stepkit.schema import JUDGE_FIELDS, extend_schema
 
 _EMPTY = {f.name: None for f in JUDGE_FIELDS}
+_RETRY_SEED_STRIDE = 1_000_003
 
 
 def parse_reply(text: str, finish_reason: str, mode: str, n_steps: int, quotes: tuple[str, ...] = ()) -> list[bool]:
@@ -148,7 +150,11 @@ class JudgeStage(LabelerStage):
                       if not r.get("error") and len(valid[id(r)]) < self.votes]
             if not wanted:
                 break
-            results = self.engine.generate([Request(prompts[id(r)], n) for r, n in wanted], self.sampling)
+            # Per-request seeds (GPU) are seed + request index: a retry round shifts the seed, or the same
+            # prompt at the same index would give the same unparseable reply again.
+            sampling = self.sampling if attempt == 0 else dataclasses.replace(
+                self.sampling, seed=self.sampling.seed + attempt * _RETRY_SEED_STRIDE)
+            results = self.engine.generate([Request(prompts[id(r)], n) for r, n in wanted], sampling)
             for (r, _), comps in zip(wanted, results):
                 for c in comps:
                     counters["replies"] += 1
