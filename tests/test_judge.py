@@ -313,7 +313,7 @@ def test_cli_judge_then_eval(pb, tmp_path):
     for r in rows:
         assert r["judge_status"] == "ok" and len(r["judge_label"]) == len(r["steps"]) == len(r["judge_correct_votes"])
     m = read_manifest(out)
-    assert m["config"]["prompt_template"]["version"] == "judge-first-error-v1"
+    assert m["config"]["prompt_template"]["version"] == "judge-first-error-v2"
     assert m["config"]["prompt_template"]["hash"] == judge_template("first-error").hash()
     assert m["counts"]["replies"] == 36
     p = run("eval", "processbench", out, "--pred", "judge_first_error", "--json", tmp_path / "f1.json")
