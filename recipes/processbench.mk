@@ -1,16 +1,20 @@
-# ProcessBench recipe: how good are MC labels and judge labels? ingest -> mc-label -> judge -> eval.
+# ProcessBench recipe: how good are judge labels and MC labels? ingest -> judge -> mc-label -> eval.
 #
-#   make -f recipes/processbench.mk SAMPLE=20                 # bundled model on CPU, 20 random rows per split
-#   make -f recipes/processbench.mk SPLITS="gsm8k math" SAMPLE= MODEL=/models/Qwen2.5-Math-7B-Instruct \
-#        JUDGE_MODEL=/models/Qwen2.5-7B-Instruct ENGINE_ARGS="--tensor-parallel-size 1"   # GPU machine
+#   make -f recipes/processbench.mk SAMPLE=20                      # bundled model on CPU, 20 random rows
+#   make -f recipes/processbench.mk WORK=out/pb-7b SPLITS="gsm8k math" SAMPLE= \
+#        MODEL=/models/Qwen2.5-Math-7B-Instruct JUDGE_MODEL=/models/Qwen2.5-7B-Instruct \
+#        JUDGE_ARGS="--max-tokens 4096 --max-model-len 8192" MC_ARGS="--max-tokens 1024"   # a GPU machine
+#   make -f recipes/processbench.mk WORK=out/pb-served LABELERS=judge SAMPLE= JUDGE_MODEL=qwen-72b \
+#        JUDGE_ENGINE_ARGS="--engine openai --base-url http://judge-host:8000/v1"      # a served judge only
 #
 # Per split: `ingest processbench` (human first-error labels; gold answers recovered from GSM8K test /
 # MATH-500), `judge` (JUDGE_MODEL, configured independently; needs no gold answer), `mc-label` on the
 # judge's output (the completer MODEL), so one shard holds both labelers; then `eval processbench` prints
-# the F1 of mc_first_error and of judge_first_error per split and averaged, and `eval agreement` compares
-# the two labelers. Figures go to $(WORK)/eval/*.json.
-# ProcessBench math rows without a recoverable gold answer (437 of 1000) cannot be MC-labelled: they are
-# kept with an error (counted as missing predictions by eval), hence MC_MAX_ERROR_RATE.
+# the F1 of each labeler per split and averaged, and `eval agreement` compares the two. Figures go to
+# $(WORK)/eval/*.json. LABELERS picks the labelers to run: "judge mc" (default), "judge" or "mc".
+# ProcessBench math rows without a recoverable gold answer (437 of 1000) cannot be MC-labelled: they keep
+# an error and count as missing MC predictions, so mc-label may fail up to MC_MAX_ERROR_RATE of the rows.
+# The settings are recorded in $(WORK)/recipe.vars: another set of settings needs another WORK.
 SHELL := bash
 STEPKIT ?= .venv/bin/stepkit
 DATA ?= ../shared/data
@@ -19,20 +23,27 @@ SPLITS ?= gsm8k
 SAMPLE ?= 20
 SEED ?= 0
 WORK ?= out/processbench
+LABELERS ?= judge mc
 MODEL ?= smollm2-135m
 JUDGE_MODEL ?= $(MODEL)
 ENGINE_ARGS ?=
 JUDGE_ENGINE_ARGS ?= $(ENGINE_ARGS)
 K ?= 4
 MC_ARGS ?= --max-tokens 192
-MC_MAX_ERROR_RATE ?= 0.5
+MC_MAX_ERROR_RATE ?= 1
 VOTES ?= 1
 JUDGE_ARGS ?= --max-tokens 512
 
-VARS := SPLITS=$(SPLITS) SAMPLE=$(SAMPLE) SEED=$(SEED) MODEL=$(MODEL) JUDGE_MODEL=$(JUDGE_MODEL) K=$(K) MC_ARGS=$(MC_ARGS) VOTES=$(VOTES) JUDGE_ARGS=$(JUDGE_ARGS) MC_MAX_ERROR_RATE=$(MC_MAX_ERROR_RATE) ENGINE_ARGS=$(ENGINE_ARGS) JUDGE_ENGINE_ARGS=$(JUDGE_ENGINE_ARGS) DATA=$(DATA)
+VARS := SPLITS=$(SPLITS) SAMPLE=$(SAMPLE) SEED=$(SEED) LABELERS=$(LABELERS) MODEL=$(MODEL) JUDGE_MODEL=$(JUDGE_MODEL) K=$(K) MC_ARGS=$(MC_ARGS) VOTES=$(VOTES) JUDGE_ARGS=$(JUDGE_ARGS) MC_MAX_ERROR_RATE=$(MC_MAX_ERROR_RATE) ENGINE_ARGS=$(ENGINE_ARGS) JUDGE_ENGINE_ARGS=$(JUDGE_ENGINE_ARGS) DATA=$(DATA)
 include $(dir $(lastword $(MAKEFILE_LIST)))record-vars.mk
 
-LABELED := $(SPLITS:%=$(WORK)/labeled/%.parquet)
+JUDGE := $(filter judge,$(LABELERS))
+MC := $(filter mc,$(LABELERS))
+ifeq ($(JUDGE)$(MC),)
+$(error LABELERS must name judge, mc or both, got "$(LABELERS)")
+endif
+# The last stage's folder holds every labeler's columns.
+FINAL := $(if $(MC),labeled,judged)
 
 .PHONY: all eval
 .SECONDARY:
@@ -45,11 +56,12 @@ $(WORK)/pb/%.parquet:
 $(WORK)/judged/%.parquet: $(WORK)/pb/%.parquet
 	$(STEPKIT) judge $< $@ --model $(JUDGE_MODEL) --votes $(VOTES) $(JUDGE_ARGS) --no-progress $(JUDGE_ENGINE_ARGS)
 
-$(WORK)/labeled/%.parquet: $(WORK)/judged/%.parquet
+$(WORK)/labeled/%.parquet: $(WORK)/$(if $(JUDGE),judged,pb)/%.parquet
 	$(STEPKIT) mc-label $< $@ --model $(MODEL) --continuations $(K) $(MC_ARGS) \
 		--max-error-rate $(MC_MAX_ERROR_RATE) --no-progress $(ENGINE_ARGS)
 
-eval: $(LABELED)
-	$(STEPKIT) eval processbench $(WORK)/labeled --pred mc_first_error --json $(WORK)/eval/f1-mc.json
-	$(STEPKIT) eval processbench $(WORK)/labeled --pred judge_first_error --json $(WORK)/eval/f1-judge.json
-	$(STEPKIT) eval agreement $(WORK)/labeled --a mc_first_error --b judge_first_error --json $(WORK)/eval/agreement.json
+eval: $(SPLITS:%=$(WORK)/$(FINAL)/%.parquet)
+	$(if $(MC),$(STEPKIT) eval processbench $(WORK)/$(FINAL) --pred mc_first_error --json $(WORK)/eval/f1-mc.json)
+	$(if $(JUDGE),$(STEPKIT) eval processbench $(WORK)/$(FINAL) --pred judge_first_error --json $(WORK)/eval/f1-judge.json)
+	$(if $(JUDGE),$(if $(MC),$(STEPKIT) eval agreement $(WORK)/$(FINAL) --a mc_first_error --b judge_first_error \
+		--json $(WORK)/eval/agreement.json))

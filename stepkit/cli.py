@@ -71,7 +71,8 @@ def engine_options(f=None, *, temperature: float = 0.8, max_tokens: int = 256):
         click.option("--max-tokens", type=click.IntRange(1), default=max_tokens, show_default=True,
                      help="Tokens per generation; hitting it marks the generation truncated."),
         click.option("--seed", type=int, default=0, show_default=True),
-        click.option("--max-model-len", type=click.IntRange(64), default=2048, show_default=True),
+        click.option("--max-model-len", type=click.IntRange(64), default=2048, show_default=True,
+                     help="--engine vllm: context length (prompt + generation) in tokens."),
         click.option("--no-prefix-caching", is_flag=True,
                      help="Disable vLLM prefix caching (slower; for bit-reproducibility studies)."),
         click.option("--tensor-parallel-size", type=click.IntRange(1), default=1, show_default=True,
@@ -422,7 +423,8 @@ def stats(shard):
 @click.argument("shard", type=click.Path())
 @click.option("--id", "row_id", default=None, help="Row id (default: the first row).")
 @click.option("--index", type=click.IntRange(0), default=None, help="Row index instead of an id.")
-@click.option("--status", default=None, help="Only rows with this mc_status (ok, no_signal, ungraded).")
+@click.option("--status", default=None,
+              help="Only rows with this mc_status (ok, no_signal, ungraded) or judge_status (ok, parse_failure).")
 def show(shard, row_id, index, status):
     """Show one trajectory: each step with its MC counts, value and label, colored."""
     from stepkit.inspect import print_row

@@ -179,7 +179,7 @@ def print_row(shard, row_id: str | None = None, index: int | None = None, status
     judge's verdict with its votes, then the last judge reply.
 
     Picks the row with id ``row_id``, else the ``index``-th row, else the first row (of those whose
-    ``mc_status`` is ``status``, when given).
+    ``mc_status`` or ``judge_status`` is ``status``, when given).
 
     Raises:
         InputError: no row with that id / index / status.
@@ -191,10 +191,10 @@ def print_row(shard, row_id: str | None = None, index: int | None = None, status
     if rows and not any("steps" in r for r in rows):
         raise InputError(shard, "has no 'steps' column: show displays trajectory shards")
     if status is not None:
-        rows = [r for r in rows if r.get("mc_status") == status]
+        rows = [r for r in rows if status in (r.get("mc_status"), r.get("judge_status"))]
         if not rows:
-            have = sorted({str(r.get("mc_status")) for r in _load(shard)})
-            raise InputError(shard, f"no row with mc_status {status!r} (present: {', '.join(have)})")
+            have = sorted({str(r.get(c)) for r in _load(shard) for c in ("mc_status", "judge_status") if r.get(c)})
+            raise InputError(shard, f"no row with mc_status or judge_status {status!r} (present: {', '.join(have) or 'none'})")
     if not rows:
         raise InputError(shard, "shard has no rows")
     if row_id is not None:
@@ -252,7 +252,7 @@ def print_row(shard, row_id: str | None = None, index: int | None = None, status
                 style = "bold red"
         if has_judge:
             ok = row["judge_label"][s]
-            cells.append(f"{'ok' if ok else 'WRONG'} {row['judge_correct_votes'][s]}/{row['judge_valid_votes']}")
+            cells.append(f"{'ok' if ok else 'WRONG'} ({row['judge_correct_votes'][s]}/{row['judge_valid_votes']} say ok)")
         t.add_row(*cells, style=style)
     console.print(t)
     if row.get("judge_replies"):

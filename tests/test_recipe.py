@@ -59,3 +59,14 @@ def test_processbench_recipe_prints_both_f1_scores(tmp_path):
     assert json.loads((work / "eval" / "f1-judge.json").read_text())["splits"]["math"]["missing"] == 0
     agree = json.loads((work / "eval" / "agreement.json").read_text())
     assert agree["rows"] == 12
+
+
+def test_processbench_recipe_judge_only(tmp_path):
+    work = tmp_path / "pbj"
+    args = ["make", "-f", "recipes/processbench.mk", f"WORK={work}", f"DATA={DATA}", "SPLITS=math", "SAMPLE=10",
+            "SEED=4", "LABELERS=judge", "JUDGE_MODEL=scripted:judge", "JUDGE_ENGINE_ARGS=--engine scripted",
+            f"STEPKIT={sys.executable} -m stepkit.cli"]
+    p = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    assert "judge_first_error vs" in p.stdout and "mc_first_error" not in p.stdout
+    assert not (work / "labeled").exists() and (work / "eval" / "f1-judge.json").exists()

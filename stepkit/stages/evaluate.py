@@ -220,7 +220,7 @@ def print_processbench(report: dict, console) -> None:
     def pct(x):
         return "-" if x is None else f"{100 * x:.1f}"
 
-    t = Table(title=f"ProcessBench: {report['pred']} vs {report['gold']}")
+    t = Table(title=f"ProcessBench: {report['pred']} vs {report['gold']} (accuracies and F1 in %)")
     for c in ("split", "rows", "erroneous", "correct", "acc err", "acc corr", "F1", "missing", "F1 answered"):
         t.add_column(c, justify="left" if c == "split" else "right")
     for s, v in report["splits"].items():
@@ -230,6 +230,8 @@ def print_processbench(report: dict, console) -> None:
         avg = report["average"]
         t.add_row("average", str(avg["rows"]), "", "", "", "", pct(avg["f1"]), "", pct(avg["f1_answered"]))
     console.print(t)
+    console.print("[dim]F1 counts rows with no prediction (missing) as wrong, as the paper does; F1 answered "
+                  "leaves them out; '-': a class with no rows to score[/dim]")
     _warn_unfinished(report, console)
     if report["no_gold"]:
         console.print(f"{report['no_gold']} row(s) without a gold label left out")
@@ -247,15 +249,15 @@ def print_agreement(report: dict, console) -> None:
     s.add_row("both predict", str(report["both"]))
     s.add_row("same first error", pct(report["exact"]))
     s.add_row("agree error vs no error", pct(report["error_vs_none"]))
-    s.add_row("Cohen's kappa (error vs no error)", "-" if report["kappa"] is None else f"{report['kappa']:.3f}")
-    s.add_row("a names an earlier error", str(report["a_earlier"]))
-    s.add_row("b names an earlier error", str(report["b_earlier"]))
+    s.add_row("Cohen's kappa (error vs no error)", "-" if report["kappa"] is None else f"{round(report['kappa'], 3) + 0.0:.3f}")
+    s.add_row("both name an error, a's is earlier", str(report["a_earlier"]))
+    s.add_row("both name an error, b's is earlier", str(report["b_earlier"]))
     s.add_row("a missing / b missing", f"{report['a_missing']} / {report['b_missing']}")
     console.print(s)
     _warn_unfinished(report, console)
     cols = sorted({kb for row in report["matrix"].values() for kb in row},
                   key=lambda k: (k == "none", k.startswith(">="), int(k) if k.lstrip("-").isdigit() else 0))
-    m = Table(title="first error: a (rows) x b (columns)")
+    m = Table(title="first error: a (rows) x b (columns); -1 = no error, none = no prediction")
     m.add_column("a \\ b")
     for c in cols:
         m.add_column(c, justify="right")
