@@ -45,3 +45,21 @@ def run_cli(*args, check: bool = True):
     if check and p.returncode:
         raise AssertionError(p.stderr)
     return p
+
+
+def assert_linear(fn, make_text, n: int = 16_000, factor: int = 16) -> None:
+    """Check that ``fn(make_text(n))`` scales linearly, not by wall-clock budget: the best of three runs
+    at ``factor * n`` characters must stay within ``4 * factor`` times the best at ``n``, plus 0.5 s of
+    slack for a busy machine. A quadratic step grows ``factor ** 2`` times and fails."""
+    import time
+
+    def best(text):
+        times = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            fn(text)
+            times.append(time.perf_counter() - t0)
+        return min(times)
+
+    small, big = best(make_text(n)), best(make_text(n * factor))
+    assert big <= 4 * factor * small + 0.5, f"{n * factor} chars took {big:.3f} s, {n} chars {small:.4f} s"

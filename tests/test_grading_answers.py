@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
-from conftest import DATA
+from conftest import DATA, assert_linear
 
 from stepkit.grading import answers
 from stepkit.grading.answers import extract_final_answer, extract_gsm8k_reference, strip_calculator_annotations
@@ -146,21 +145,16 @@ def _adversarial(n: int) -> dict[str, str]:
 
 
 @pytest.mark.parametrize("name", sorted(_adversarial(10)))
-def test_extraction_of_1mb_adversarial_text_is_fast(name):
-    text = _adversarial(_MB)[name]
-    start = time.perf_counter()
-    extract_final_answer(text)
-    assert time.perf_counter() - start < 1.0
+def test_extraction_of_1mb_adversarial_text_is_linear(name):
+    """1 MB of adversarial text: extraction reads only the tail, so it cannot blow up."""
+    assert_linear(extract_final_answer, lambda n: _adversarial(n)[name], n=64_000)
 
 
 @pytest.mark.parametrize("name", sorted(_adversarial(10)))
 def test_extraction_is_linear_without_the_tail_cap(monkeypatch, name):
-    """Reading 256 KB in full (tail cap lifted) stays well under a second: no quadratic step."""
+    """Reading the whole text (tail cap lifted) grows linearly with its length: no quadratic step."""
     monkeypatch.setattr(answers, "TAIL_CHARS", 10 * _MB)
-    text = _adversarial(256_000)[name]
-    start = time.perf_counter()
-    extract_final_answer(text)
-    assert time.perf_counter() - start < 1.0
+    assert_linear(extract_final_answer, lambda n: _adversarial(n)[name])
 
 
 def test_multi_boxed_not_concatenated(cases, checker):
