@@ -74,7 +74,7 @@ def vote_row(mode: str, n_steps: int, votes: list[list[bool]]) -> dict[str, Any]
     if mode == "first-error":
         first, tie = vote_first_error(firsts)
         labels = labels_from_first_error(first, n_steps)
-        correct = [sum(v[s] for v in votes) for s in range(n_steps)]
+        correct = vote_steps(votes)[1]
     else:
         labels, correct, ties = vote_steps(votes)
         first, tie = first_error_of(labels), any(ties)

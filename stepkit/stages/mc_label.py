@@ -43,6 +43,7 @@ from typing import Any, Callable
 
 from stepkit.engines.base import Engine, Request, SamplingConfig
 from stepkit.grading.answers import extract_final_answer
+from stepkit.grading.verdicts import labels_from_first_error
 from stepkit.prompts import CONTINUATION, PromptTemplate, render_continuation
 from stepkit.runner import LabelerStage
 from stepkit.schema import LABELER_REQUIRED, MC_FIELDS, extend_schema
@@ -116,7 +117,7 @@ def label_row(n_steps: int, outcome_correct: bool, est: dict[int, PrefixEstimate
         if estimated[s]:
             labels.append(values[s] > 0)
         elif mode == "binary":
-            labels.append(first_error == -1 or s < first_error)  # inferred from the search
+            labels.append(labels_from_first_error(first_error, n_steps)[s])  # inferred from the search
         else:
             labels.append(None)
     start = est[0].value if 0 in est else None
