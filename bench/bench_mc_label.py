@@ -31,14 +31,14 @@ def main() -> None:
     ap.add_argument("--model", default="smollm2-135m")
     args = ap.parse_args()
 
-    from stepkit.engines.base import Request, SamplingConfig
+    from stepkit.engines.base import EngineSpec, Request, SamplingConfig
     from stepkit.engines.vllm_engine import VLLMEngine
     from stepkit.grading.verify import AnswerChecker, checker_settings
     from stepkit.prompts import DEFAULT_STOP, render_continuation
     from stepkit.runner import run_stage
     from stepkit.shards import read_manifest, read_rows
     from stepkit.stages.ingest import IngestOptions, ingest
-    from stepkit.stages.mc_label import MCLabelStage
+    from stepkit.stages.mc_label import MCLabelConfig, MCLabelStage
 
     tmp = Path(tempfile.mkdtemp(prefix="stepkit-bench-"))
     sol = tmp / "solutions.parquet"
@@ -57,8 +57,8 @@ def main() -> None:
             pass
 
     def stage(mode):
-        return SharedEngineStage(lambda: engine, {"name": "vllm", "model": args.model}, args.k, mode, sampling,
-                                 lambda: checker, checker_settings())
+        return SharedEngineStage(MCLabelConfig(continuations=args.k, mode=mode), EngineSpec.of(engine), sampling,
+                                 lambda: checker)
 
     # The exhaustive request set: K continuations of every prefix steps[:i], i = 0..M-1.
     requests = [Request(render_continuation(engine, r["prompt"], r["steps"], r["step_separator"], i), args.k)

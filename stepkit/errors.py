@@ -25,3 +25,22 @@ class InputError(StepkitError):
 
 class ConfigError(StepkitError):
     """A configuration problem: unknown model, changed configuration without --force, bad flag combination."""
+
+
+class RowError(str):
+    """A row this stage cannot label: ``row["error"] = RowError(stage.name, "why")`` reads
+    ``"<stage>: why"`` and is counted against that stage's ``--max-error-rate``.
+
+    Errors are attributed by type, not by text: an ``error`` that is a plain string was passed through
+    from an earlier stage (and never counts here), one that is a :class:`RowError` was set by the stage
+    now running. The reason ``stats`` counts by is the text before the next ``": "``, e.g.
+    ``RowError("judge", "engine: HTTP 400: prompt too long")`` has reason ``engine``.
+    """
+
+    stage: str
+    message: str
+
+    def __new__(cls, stage: str, message: str):
+        obj = super().__new__(cls, f"{stage}: {message}")
+        obj.stage, obj.message = stage, str(message)
+        return obj

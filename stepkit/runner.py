@@ -1,22 +1,31 @@
-"""The runner every stage shares: chunks, committed part files, resume, atomic output, manifest.
+"""The runner every stage shares: planning, chunks, committed part files, resume, atomic output, manifest.
 
-Contract (``../shared/design.md``, "Runner contract"):
+Contract (``docs/architecture.md``, "The runner contract"):
 
 * ``IN`` is a Parquet file or a folder of shards; ``--rank R --world-size W`` takes ``sorted(shards)[R::W]``.
+* :func:`plan_run` does everything that needs no model, for every shard, before any model is loaded:
+  columns, rows, side inputs, writability, and the identity check against finished or partial output.
+  An :class:`Executor` then runs the planned shards (:class:`LocalExecutor` here, one after another in
+  this process); each shard runs through :func:`run_shard`, whatever the executor.
 * Each shard is processed in chunks of ``chunk_size`` rows. A finished chunk is committed as
-  ``<out>.parts/part-00007.parquet`` (temp file + rename) with its counters in ``part-00007.json``.
-  A killed run, started again with the same command, skips committed chunks and redoes at most the
-  chunk that was in flight.
-* When every chunk is committed, ``<out>`` is written atomically with the manifest beside it
-  (``<stem>.manifest.json``) and in its Parquet metadata, and the parts folder is removed.
-* The configuration identity (stage, input hash, the stage's config, chunk size) is stored in the
-  parts folder and the manifest; a rerun with a different identity refuses unless ``force``.
-  A rerun of a finished shard with the same identity does nothing.
-* Per-row failures go in the ``error`` column; the shard fails only above ``max_error_rate``.
+  ``<out>.parts/part-00007.parquet`` (temp file + rename) with its counters in ``part-00007.json`` and
+  its side-output rows in ``<name>-00007.parquet``, written first: the main part's ``.parquet`` existing
+  is what marks the chunk committed. A killed run, started again with the same command, skips
+  committed chunks and redoes at most the chunk that was in flight.
+* When every chunk is committed, the side outputs and then ``<out>`` are written atomically, each with a
+  manifest beside it (``<stem>.manifest.json``) and in its Parquet metadata, and the parts folder is
+  removed.
+* The configuration identity (stage, input hash, side-input hashes, the stage's config, chunk size) is
+  stored in the parts folder and the manifest; a rerun with a different identity refuses unless
+  ``force``. A rerun of a finished shard with the same identity does nothing.
+* Per-row failures go in the ``error`` column; the shard fails only above ``max_error_rate``. A stage
+  marks its own failures with :class:`~stepkit.errors.RowError`; a plain-string error is an earlier
+  stage's, passed through, and never counts here.
 
 A stage is an object with ``name``, ``required_columns``, ``config()``, ``output_schema(schema)``,
-``validate(rows, path, first_row)``, ``open()``, ``process(rows) -> (rows, counters)``,
-``provenance()`` and ``close()`` (see :class:`Stage`).
+``validate(rows, path, first_row)``, ``open()``, ``process(rows) -> (rows, counters[, side_rows])``,
+``provenance()`` and ``close()``, and optionally ``side_outputs()`` and ``side_inputs()`` (see
+:class:`Stage`).
 """
 
 from __future__ import annotations
@@ -32,28 +41,77 @@ from typing import Any
 import pyarrow as pa
 
 from stepkit import __version__
-from stepkit.errors import ConfigError, StepkitError
+from stepkit.errors import ConfigError, InputError, RowError, StepkitError
+from stepkit.options import Config, identity, opt
 from stepkit.schema import check_columns, check_steps, check_values, error_reason
 from stepkit.shards import (config_hash, file_sha256, iter_row_chunks, list_shards, manifest_path,
                             open_parquet, output_path, read_manifest, rows_to_table, select_shards,
                             write_json, write_table)
 
 
+@dataclass(frozen=True)
+class SideOutput:
+    """An extra table a stage writes per shard (mcts-label's tree, filter's dropped rows).
+
+    Attributes:
+        path: where the user asked for it (a ``.parquet`` file, or a folder), mapped per shard as OUT is
+            (a folder IN writes ``path/<shard name>``).
+        schema: its explicit schema.
+    """
+
+    path: Path
+    schema: pa.Schema
+
+
+@dataclass(frozen=True)
+class SideInput:
+    """Another shard (file or folder) a stage reads beside IN, joined to IN's rows by a key column.
+
+    Every row of IN that has no upstream error must find its key here: a missing one is bad input,
+    reported before any model loads. The joined row is handed to the stage as ``row["_<name>"]``
+    (a dict of the side row's columns; underscore keys are never written as columns).
+
+    Attributes:
+        path: the side shard or folder of shards.
+        key: the key column in the side input (unique there).
+        on: the key column in IN's rows (default: ``key``).
+        columns: the side columns to read (default: all).
+    """
+
+    path: Path
+    key: str = "id"
+    on: str | None = None
+    columns: tuple[str, ...] | None = None
+
+
 class Stage:
-    """Base class for a stage: pure logic over rows and an engine; I/O lives in the runner."""
+    """Base class for a stage: pure logic over rows and an engine; I/O lives in the runner.
+
+    A stage declares its options as a :class:`~stepkit.options.Config` dataclass kept in ``self.cfg``;
+    the default :meth:`config` is that config's identity, so an option is written once.
+    """
 
     name = "stage"
     required_columns: tuple[str, ...] = ()
     default_chunk_size = 16
     one_to_one = True  # False for stages that emit several rows per input row (rollout)
+    cfg: Config | None = None
 
     def config(self) -> dict[str, Any]:
         """Everything that changes the output, computable without loading a model."""
-        return {}
+        return identity(self.cfg) if self.cfg is not None else {}
 
     def output_schema(self, input_schema: pa.Schema) -> pa.Schema:
         """The explicit schema of the output rows (input columns plus the stage's own)."""
         return input_schema
+
+    def side_outputs(self) -> dict[str, SideOutput]:
+        """Extra tables this stage writes per shard, by name (rows come from :meth:`process`)."""
+        return {}
+
+    def side_inputs(self) -> dict[str, SideInput]:
+        """Other shards this stage joins to its input rows, by name."""
+        return {}
 
     def check_schema(self, schema: pa.Schema, path: Path) -> None:
         """Raise :class:`stepkit.errors.InputError` when the input is the wrong kind of shard."""
@@ -67,8 +125,13 @@ class Stage:
     def open(self) -> None:
         """Load models; called once, only if some chunk has work to do."""
 
-    def process(self, rows: list[dict]) -> tuple[list[dict], dict[str, int]]:
-        """Return the output rows (same order and count) and this chunk's counters."""
+    def process(self, rows: list[dict]) -> tuple:
+        """Return ``(rows, counters)`` or ``(rows, counters, side_rows)``.
+
+        ``rows``: the output rows (for a one-to-one stage, same order and count); a row this stage
+        cannot label keeps ``error = RowError(self.name, "why")``. ``counters``: this chunk's ``{name: int}``.
+        ``side_rows``: ``{side output name: [row, ...]}`` for the tables of :meth:`side_outputs`.
+        """
         raise NotImplementedError
 
     def provenance(self) -> dict[str, Any]:
@@ -84,16 +147,39 @@ class Stage:
 
 
 class EngineStage(Stage):
-    """A stage that samples with an engine and grades with an answer checker, both built lazily by
-    ``open()`` from ``self.engine_factory`` and ``self.checker_factory`` (set by the subclass)."""
+    """A stage that samples with an engine and (when ``grades_answers``) grades answers with the answer
+    checker, both built by :meth:`open`.
 
+    Args:
+        cfg: the stage's options.
+        engine: which engine (an :class:`~stepkit.engines.base.EngineSpec`; nothing loads until ``open``).
+        sampling: explicit sampling parameters.
+        checker_factory: builds the answer checker (default
+            :class:`stepkit.grading.verify.AnswerChecker`); tests pass one already running.
+    """
+
+    grades_answers = True
     engine = None
     checker = None
-    checker_factory = None  # a stage that grades no answers (judge) leaves it unset
+
+    def __init__(self, cfg: Config, engine, sampling, checker_factory=None):
+        self.cfg, self.engine_spec, self.sampling = cfg, engine, sampling
+        self.checker_factory = checker_factory
+
+    def config(self) -> dict[str, Any]:
+        doc = {"engine": self.engine_spec.identity(), **super().config(), "sampling": self.sampling.to_dict()}
+        if self.grades_answers:
+            from stepkit.grading.verify import checker_settings
+
+            doc["grader"] = checker_settings()
+        return doc
 
     def open(self) -> None:
-        self.engine = self.engine_factory()
-        self.checker = self.checker_factory() if self.checker_factory else None
+        self.engine = self.engine_spec.build()
+        if self.grades_answers:
+            from stepkit.grading.verify import AnswerChecker
+
+            self.checker = (self.checker_factory or AnswerChecker)()
 
     def close(self) -> None:
         for x in (self.checker, self.engine):
@@ -118,6 +204,42 @@ class LabelerStage(EngineStage):
         check_steps(rows, path, first_row)
 
 
+@dataclass(frozen=True)
+class RunOptions(Config):
+    """How the runner runs a stage (none of these change the rows, except ``chunk_size``, which is part
+    of the identity because it fixes which rows share an engine call)."""
+
+    chunk_size: int | None = opt(None, "Rows per committed chunk (resume granularity).", min=1)
+    force: bool = opt(False, "Redo the output even if it exists from another configuration.")
+    rank: int = opt(0, "This machine's index: takes sorted(shards)[rank::world_size].", min=0)
+    world_size: int = opt(1, "How many machines split the folder of shards.", min=1)
+    max_error_rate: float = opt(0.05, "Fail a shard when more than this share of rows has an error.", min=0, max=1)
+    progress: bool = opt(True, "Show a progress bar.", flag="--progress/--no-progress")
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.rank >= self.world_size:
+            raise ConfigError(f"need 0 <= rank < world-size, got --rank {self.rank} --world-size {self.world_size}")
+
+
+@dataclass
+class ShardPlan:
+    """One shard's work, decided by :func:`plan_run` before any model loads.
+
+    ``status`` is ``"todo"`` or ``"up to date"``; ``side_outputs`` maps each side output's name to its
+    path for this shard; ``side_inputs`` to the side shards it joins."""
+
+    input: Path
+    output: Path
+    schema: pa.Schema
+    rows: int
+    identity: dict[str, Any]
+    status: str = "todo"
+    side_outputs: dict[str, Path] = field(default_factory=dict)
+    side_inputs: dict[str, list[Path]] = field(default_factory=dict)
+    done_rows: int = 0
+
+
 @dataclass
 class ShardResult:
     """What happened to one shard."""
@@ -134,15 +256,21 @@ class ShardResult:
     counters: dict[str, int] = field(default_factory=dict)
 
 
-def _identity(stage: Stage, input_hash: str, chunk_size: int) -> dict[str, Any]:
+def _identity(stage: Stage, input_hash: str, chunk_size: int, side_hashes: dict[str, list[str]]) -> dict[str, Any]:
     cfg = stage.config()
-    return {"stage": stage.name, "input_sha256": input_hash, "config": cfg, "chunk_size": chunk_size,
-            "config_hash": config_hash([stage.name, input_hash, cfg, chunk_size])}
+    key = [stage.name, input_hash, cfg, chunk_size] + ([side_hashes] if side_hashes else [])
+    ident = {"stage": stage.name, "input_sha256": input_hash, "config": cfg, "chunk_size": chunk_size,
+             "config_hash": config_hash(key)}
+    if side_hashes:
+        ident["side_inputs_sha256"] = side_hashes
+    return ident
 
 
 def _describe_change(old: dict, new: dict) -> str:
     if old.get("input_sha256") != new.get("input_sha256"):
         return "the input file changed"
+    if old.get("side_inputs_sha256") != new.get("side_inputs_sha256"):
+        return "a side input changed"
     if old.get("chunk_size") != new.get("chunk_size"):
         return f"chunk size {old.get('chunk_size')} -> {new.get('chunk_size')}"
     a, b = old.get("config", {}), new.get("config", {})
@@ -150,10 +278,145 @@ def _describe_change(old: dict, new: dict) -> str:
     return "changed: " + ", ".join(f"{k} {a.get(k)!r} -> {b.get(k)!r}" for k in diffs[:3]) if diffs else "configuration changed"
 
 
+def plan_run(stage: Stage, in_path: str | os.PathLike, out_path: str | os.PathLike, opts: RunOptions) -> list[ShardPlan]:
+    """Check everything that needs no model and decide each shard's work (this rank's share of IN).
+
+    Raises:
+        InputError: unreadable input, missing column, bad rows, a side input without a row for a key.
+        ConfigError: OUT is IN or not writable, or some shard's finished or partial output is from
+            another configuration and ``opts.force`` is off. Nothing has been written then.
+    """
+    in_path, out_path = Path(in_path), Path(out_path)
+    chunk_size = opts.chunk_size or stage.default_chunk_size
+    if in_path.is_dir() and out_path.suffix == ".parquet":
+        raise ConfigError(f"{out_path}: IN {in_path} is a folder of shards, so OUT must be a folder too")
+    if out_path.resolve() == in_path.resolve():
+        raise ConfigError(f"{out_path}: OUT is the same as IN; write the output somewhere else")
+    sides_out = stage.side_outputs()
+    sides_in = {name: (side, _load_side_input(name, side)) for name, side in stage.side_inputs().items()}
+    side_hashes = {name: [file_sha256(p) for p in paths] for name, (side, (paths, _)) in sides_in.items()}
+    plans = []
+    for shard in select_shards(list_shards(in_path), opts.rank, opts.world_size):
+        pf = open_parquet(shard)
+        schema = pf.schema_arrow
+        check_columns(schema, stage.required_columns, shard)
+        stage.check_schema(schema, shard)
+        join_cols = [side.on or side.key for side, _ in sides_in.values()]
+        columns = list(dict.fromkeys(list(stage.required_columns) + join_cols
+                                     + (["error"] if "error" in schema.names else [])))
+        for col in join_cols:
+            check_columns(schema, (col,), shard)
+        for first, rows in iter_row_chunks(shard, 1024, columns=columns or None):
+            stage.validate(rows, shard, first)
+            for name, (side, (paths, table)) in sides_in.items():
+                _check_joined(rows, first, shard, name, side, table)
+        out = output_path(shard, in_path, out_path)
+        _check_writable(out, shard)
+        side_paths = {}
+        for name, side in sides_out.items():
+            p = output_path(shard, in_path, Path(side.path))
+            if p.resolve() in (out.resolve(), shard.resolve()) or p.resolve() in (q.resolve() for q in side_paths.values()):
+                raise ConfigError(f"{p}: the {name} output would overwrite IN, OUT or another output; give it its own path")
+            _check_writable(p, shard)
+            side_paths[name] = p
+        plan = ShardPlan(shard, out, schema, pf.metadata.num_rows, _identity(stage, file_sha256(shard), chunk_size, side_hashes),
+                         side_outputs=side_paths, side_inputs={n: paths for n, (_, (paths, _)) in sides_in.items()})
+        _check_existing(plan, opts.force)
+        plans.append(plan)
+    return plans
+
+
+def _check_existing(plan: ShardPlan, force: bool) -> None:
+    """Mark ``plan`` up to date, or refuse when its output or parts come from another configuration."""
+    if force:
+        return
+    out, ident = plan.output, plan.identity
+    if out.exists():
+        done = read_manifest(out)
+        if done is None:
+            raise ConfigError(f"{out}: exists but has no readable stepkit manifest; use --force to replace it")
+        if done.get("identity", {}).get("config_hash") == ident["config_hash"]:
+            missing = [str(p) for p in plan.side_outputs.values() if not p.exists()]
+            if missing:
+                raise ConfigError(f"{out}: is finished, but its side output {missing[0]} is missing; "
+                                  "use --force to redo the shard")
+            plan.status, plan.done_rows = "up to date", done.get("counts", {}).get("rows", 0)
+            return
+        old = {**done.get("identity", {}), "config": done.get("config", {})}
+        raise ConfigError(f"{out}: exists from a different configuration "
+                          f"({_describe_change(old, ident)}); use --force to redo it")
+    run_file = _parts_dir(out) / "run.json"
+    if _parts_dir(out).exists():
+        try:
+            old = json.loads(run_file.read_text()) if run_file.exists() else {}
+        except (OSError, ValueError):
+            old = {}
+        if old.get("config_hash") != ident["config_hash"]:
+            raise ConfigError(f"{_parts_dir(out)}: partial run from a different configuration "
+                              f"({_describe_change(old, ident)}); use --force to discard it")
+
+
+def _load_side_input(name: str, side: SideInput) -> tuple[list[Path], dict[Any, dict]]:
+    """All rows of a side input, by key (InputError on a missing key column or a repeated key)."""
+    paths = list_shards(side.path)
+    table: dict[Any, dict] = {}
+    for p in paths:
+        check_columns(open_parquet(p).schema_arrow, (side.key,), p)
+        cols = list(dict.fromkeys([side.key, *side.columns])) if side.columns else None
+        for first, rows in iter_row_chunks(p, 1024, columns=cols):
+            for i, r in enumerate(rows):
+                k = r[side.key]
+                if k is None:
+                    raise InputError(p, f"null key in the {name} input", row=first + i, column=side.key)
+                if k in table:
+                    raise InputError(p, f"duplicate value {k!r} in the {name} input", row=first + i, column=side.key)
+                table[k] = r
+    return paths, table
+
+
+def _check_joined(rows, first, shard, name, side: SideInput, table) -> None:
+    col = side.on or side.key
+    for i, r in enumerate(rows):
+        if not r.get("error") and r.get(col) not in table:
+            raise InputError(shard, f"no row with {side.key} {r.get(col)!r} in the {name} input {side.path}",
+                             row=first + i, column=col)
+
+
+class Executor:
+    """Runs planned shards. :class:`LocalExecutor` runs them here, one after another; a distributed
+    executor runs each shard as a task of its own, through the same :func:`run_shard`."""
+
+    def run(self, stage: Stage, plans: list[ShardPlan], opts: RunOptions, console=None) -> list[ShardResult]:
+        raise NotImplementedError
+
+
+class LocalExecutor(Executor):
+    """Every shard in this process: the stage (its model) is opened once, if any shard has work."""
+
+    def run(self, stage, plans, opts, console=None):
+        results = []
+        opened = False
+        try:
+            for plan in plans:
+                if plan.status == "up to date":
+                    results.append(ShardResult(plan.input, plan.output, "up to date", rows=plan.done_rows))
+                    continue
+                if not opened:
+                    stage.open()
+                    opened = True
+                results.append(run_shard(stage, plan, opts, console))
+        finally:
+            if opened:
+                stage.close()
+        return results
+
+
 def run_stage(stage: Stage, in_path: str | os.PathLike, out_path: str | os.PathLike, *,
               chunk_size: int | None = None, force: bool = False, rank: int = 0, world_size: int = 1,
-              max_error_rate: float = 0.05, progress: bool = True, console=None) -> list[ShardResult]:
-    """Run ``stage`` over the shards of ``in_path`` (this rank's share) into ``out_path``.
+              max_error_rate: float = 0.05, progress: bool = True, console=None,
+              executor: Executor | None = None) -> list[ShardResult]:
+    """Run ``stage`` over the shards of ``in_path`` (this rank's share) into ``out_path``:
+    :func:`plan_run`, then ``executor`` (default :class:`LocalExecutor`).
 
     Returns one :class:`ShardResult` per shard handled by this rank.
 
@@ -163,52 +426,10 @@ def run_stage(stage: Stage, in_path: str | os.PathLike, out_path: str | os.PathL
         StepkitError: the error rate of a shard exceeds ``max_error_rate`` (its parts are kept, so a
             rerun with a higher threshold finishes without generating again).
     """
-    in_path, out_path = Path(in_path), Path(out_path)
-    chunk_size = chunk_size or stage.default_chunk_size
-    if in_path.is_dir() and out_path.suffix == ".parquet":
-        raise ConfigError(f"{out_path}: IN {in_path} is a folder of shards, so OUT must be a folder too")
-    if out_path.resolve() == in_path.resolve():
-        raise ConfigError(f"{out_path}: OUT is the same as IN; write the output somewhere else")
-    shards = select_shards(list_shards(in_path), rank, world_size)
-    plans = []
-    # Validate everything first: a bad row in the last shard must fail before any generation.
-    for shard in shards:
-        pf = open_parquet(shard)
-        schema = pf.schema_arrow
-        check_columns(schema, stage.required_columns, shard)
-        stage.check_schema(schema, shard)
-        columns = list(stage.required_columns) + (["error"] if "error" in schema.names else [])
-        for first, rows in iter_row_chunks(shard, 1024, columns=columns or None):
-            stage.validate(rows, shard, first)
-        out = output_path(shard, in_path, out_path)
-        _check_writable(out, shard)
-        plans.append((shard, out, schema, pf.metadata.num_rows))
-
-    results = []
-    opened = False
-    try:
-        for shard, out, schema, n_rows in plans:
-            ident = _identity(stage, file_sha256(shard), chunk_size)
-            if out.exists() and not force:
-                done = read_manifest(out)
-                if done is None:
-                    raise ConfigError(f"{out}: exists but has no readable stepkit manifest; use --force to replace it")
-                if done.get("identity", {}).get("config_hash") == ident["config_hash"]:
-                    results.append(ShardResult(shard, out, "up to date", rows=done.get("counts", {}).get("rows", 0)))
-                    continue
-                old = {**done.get("identity", {}), "config": done.get("config", {})}
-                raise ConfigError(f"{out}: exists from a different configuration "
-                                  f"({_describe_change(old, ident)}); use --force to redo it")
-            if not opened:
-                stage.open()
-                opened = True
-            with _OutputLock(out):
-                results.append(_run_shard(stage, shard, out, schema, n_rows, ident, chunk_size, force,
-                                          max_error_rate, progress, console, rank, world_size))
-    finally:
-        if opened:
-            stage.close()
-    return results
+    opts = RunOptions(chunk_size=chunk_size, force=force, rank=rank, world_size=world_size,
+                      max_error_rate=max_error_rate, progress=progress)
+    plans = plan_run(stage, in_path, out_path, opts)
+    return (executor or LocalExecutor()).run(stage, plans, opts, console)
 
 
 def _check_writable(out: Path, shard: Path) -> None:
@@ -269,46 +490,91 @@ def _log(parts: Path, **event) -> None:
         f.write(json.dumps({"time": time.time(), "pid": os.getpid(), **event}) + "\n")
 
 
-def _run_shard(stage, shard, out, in_schema, n_rows, ident, chunk_size, force, max_error_rate,
-               progress, console, rank, world_size) -> ShardResult:
-    parts = _parts_dir(out)
-    run_file = parts / "run.json"
-    if force:  # start over: discard partial and finished output of any configuration
-        shutil.rmtree(parts, ignore_errors=True)
-        out.unlink(missing_ok=True)
-        manifest_path(out).unlink(missing_ok=True)
-    elif parts.exists():
-        old = json.loads(run_file.read_text()) if run_file.exists() else {}
-        if old.get("config_hash") != ident["config_hash"]:
-            raise ConfigError(f"{parts}: partial run from a different configuration "
-                              f"({_describe_change(old, ident)}); use --force to discard it")
-    parts.mkdir(parents=True, exist_ok=True)
-    write_json(run_file, ident)
+def _part(parts: Path, i: int, kind: str = "part", suffix: str = "parquet") -> Path:
+    return parts / f"{kind}-{i:05d}.{suffix}"
 
-    out_schema = stage.output_schema(in_schema)
+
+def _attribute_errors(stage: Stage, rows: list[dict], out_rows: list[dict]) -> tuple[int, int]:
+    """Count each :class:`RowError` as this stage's; return (this stage's errors, upstream errors).
+
+    Raises:
+        StepkitError: the stage put a plain string in ``error`` of a row that had none (an internal
+            error: stage errors must be ``RowError`` so they are counted).
+    """
+    own = upstream = 0
+    for k, r in enumerate(out_rows):
+        err = r.get("error")
+        if isinstance(err, RowError):
+            r["error"] = str(err)
+            own += 1
+        elif err:
+            upstream += 1
+            if stage.one_to_one and err != rows[k].get("error"):
+                raise StepkitError(f"{stage.name}: internal error, row {k} got a plain-string error; "
+                                   "a stage marks its errors with RowError")
+    return own, upstream
+
+
+def run_shard(stage: Stage, plan: ShardPlan, opts: RunOptions, console=None) -> ShardResult:
+    """Run one planned shard to its finished output (resuming from committed parts), under a lock.
+
+    The stage must be open. Raises StepkitError when the shard's error rate exceeds ``max_error_rate``
+    (committed parts are kept)."""
+    with _OutputLock(plan.output):
+        return _run_shard(stage, plan, opts, console)
+
+
+def _run_shard(stage: Stage, plan: ShardPlan, opts: RunOptions, console) -> ShardResult:
+    shard, out, ident = plan.input, plan.output, plan.identity
+    chunk_size, n_rows = ident["chunk_size"], plan.rows
+    parts = _parts_dir(out)
+    if opts.force:  # start over: discard partial and finished output of any configuration
+        shutil.rmtree(parts, ignore_errors=True)
+        for p in [out, *plan.side_outputs.values()]:
+            p.unlink(missing_ok=True)
+            manifest_path(p).unlink(missing_ok=True)
+    else:  # the plan was checked before the model loaded; check again under the lock
+        _check_existing(plan, False)
+        if plan.status == "up to date":  # another run finished it meanwhile
+            return ShardResult(shard, out, "up to date", rows=plan.done_rows)
+    parts.mkdir(parents=True, exist_ok=True)
+    write_json(parts / "run.json", ident)
+
+    out_schema = stage.output_schema(plan.schema)
+    side_schemas = {name: s.schema for name, s in stage.side_outputs().items()}
+    side_tables = _load_side_tables(stage, plan)
     n_chunks = (n_rows + chunk_size - 1) // chunk_size
-    committed = {i for i in range(n_chunks) if (parts / f"part-{i:05d}.parquet").exists()}
+    committed = {i for i in range(n_chunks) if _part(parts, i).exists()}
     result = ShardResult(shard, out, "done", chunks=n_chunks, resumed_chunks=len(committed))
     _log(parts, event="start", committed=sorted(committed), chunks=n_chunks)
 
     t0 = time.time()
     tokens0 = stage.tokens_generated()
-    with _Progress(progress, console, f"{stage.name} {shard.name}", n_rows) as bar:
+    with _Progress(opts.progress, console, f"{stage.name} {shard.name}", n_rows) as bar:
         bar.advance(sum(min(chunk_size, n_rows - i * chunk_size) for i in committed), 0)
         for first, rows in iter_row_chunks(shard, chunk_size):
             i = first // chunk_size
             if i in committed:
                 continue
             _log(parts, event="chunk_start", chunk=i)
-            out_rows, counters = stage.process(rows)
+            for name, (side, table) in side_tables.items():
+                col = side.on or side.key
+                for r in rows:
+                    r[f"_{name}"] = table.get(r.get(col))
+            out_rows, counters, *side = stage.process(rows)
+            side_rows = side[0] if side else {}
             if stage.one_to_one and len(out_rows) != len(rows):
                 raise StepkitError(f"{stage.name}: internal error, chunk {i} returned {len(out_rows)} rows for {len(rows)}")
-            own = f"{stage.name}:"
-            counters = {**counters, "errors": sum(1 for r in out_rows if (r.get("error") or "").startswith(own)),
-                        "upstream_errors": sum(1 for r in out_rows if r.get("error") and not r["error"].startswith(own))}
-            # Counters first, rows last: a part's .parquet existing is what marks the chunk committed.
-            write_json(parts / f"part-{i:05d}.json", {"rows": len(out_rows), "counters": counters})
-            write_table(parts / f"part-{i:05d}.parquet", rows_to_table(out_rows, out_schema))
+            unknown = set(side_rows) - set(side_schemas)
+            if unknown:
+                raise StepkitError(f"{stage.name}: internal error, rows for undeclared side output(s) {sorted(unknown)}")
+            own, upstream = _attribute_errors(stage, rows, out_rows)
+            counters = {**counters, "errors": own, "upstream_errors": upstream}
+            # Side tables and counters first, rows last: the main part's .parquet marks the chunk committed.
+            for name, schema in side_schemas.items():
+                write_table(_part(parts, i, name), rows_to_table(side_rows.get(name, []), schema))
+            write_json(_part(parts, i, suffix="json"), {"rows": len(out_rows), "counters": counters})
+            write_table(_part(parts, i), rows_to_table(out_rows, out_schema))
             _log(parts, event="chunk_commit", chunk=i, rows=len(out_rows))
             bar.advance(len(rows), stage.tokens_generated() - tokens0)
     result.seconds = time.time() - t0
@@ -319,20 +585,20 @@ def _run_shard(stage, shard, out, in_schema, n_rows, ident, chunk_size, force, m
     reasons: dict[str, int] = {}
     tables = []
     for i in range(n_chunks):
-        meta = json.loads((parts / f"part-{i:05d}.json").read_text())
+        meta = json.loads(_part(parts, i, suffix="json").read_text())
         for k, v in meta["counters"].items():
             totals[k] = totals.get(k, 0) + v
-        t = open_parquet(parts / f"part-{i:05d}.parquet").read()
+        t = open_parquet(_part(parts, i)).read()
         tables.append(t)
         for err in t.column("error").to_pylist() if "error" in t.column_names else []:
             if err:
                 reasons[error_reason(err)] = reasons.get(error_reason(err), 0) + 1
     table = pa.concat_tables(tables) if tables else rows_to_table([], out_schema)
     result.rows, result.errors, result.counters = table.num_rows, totals.get("errors", 0), totals
-    if result.rows and result.errors / result.rows > max_error_rate:
+    if result.rows and result.errors / result.rows > opts.max_error_rate:
         raise StepkitError(f"{shard}: {result.errors} of {result.rows} rows failed "
                            f"({', '.join(f'{k}: {v}' for k, v in reasons.items())}), above --max-error-rate "
-                           f"{max_error_rate}; committed parts kept in {parts}")
+                           f"{opts.max_error_rate}; committed parts kept in {parts}")
     manifest = {
         "stage": stage.name,
         "stepkit_version": __version__,
@@ -347,12 +613,30 @@ def _run_shard(stage, shard, out, in_schema, n_rows, ident, chunk_size, force, m
         "run": {"chunk_size": chunk_size, "chunks": n_chunks, "resumed_chunks": result.resumed_chunks,
                 "chunks_this_run": n_chunks - result.resumed_chunks,
                 "seconds_this_run": round(result.seconds, 2), "tokens_this_run": result.tokens,
-                "rank": rank, "world_size": world_size},
+                "rank": opts.rank, "world_size": opts.world_size},
     }
+    if plan.side_inputs:
+        manifest["side_inputs"] = {name: [str(p) for p in paths] for name, paths in plan.side_inputs.items()}
+    if side_schemas:  # side outputs first: OUT appearing is what marks the shard finished
+        manifest["side_outputs"] = {}
+        for name, schema in side_schemas.items():
+            parts_of = [open_parquet(_part(parts, i, name)).read() for i in range(n_chunks)]
+            side_table = pa.concat_tables(parts_of) if parts_of else rows_to_table([], schema)
+            path = plan.side_outputs[name]
+            side_manifest = {**manifest, "side_output": name, "side_output_of": str(out),
+                             "output": {"path": str(path), "rows": side_table.num_rows}}
+            write_table(path, side_table, metadata=side_manifest)
+            write_json(manifest_path(path), side_manifest)
+            manifest["side_outputs"][name] = {"path": str(path), "rows": side_table.num_rows}
     write_table(out, table, metadata=manifest)
     write_json(manifest_path(out), manifest)
     shutil.rmtree(parts)
     return result
+
+
+def _load_side_tables(stage: Stage, plan: ShardPlan) -> dict[str, tuple[SideInput, dict]]:
+    sides = stage.side_inputs()
+    return {name: (side, _load_side_input(name, side)[1]) for name, side in sides.items()}
 
 
 class _Progress:

@@ -68,11 +68,9 @@ def test_continuation_prompt_keeps_prefix_and_no_end_of_turn(chat, cases, steps,
 def test_prefix_caching_is_part_of_the_configuration(cases):
     """vllm-prefix-cache-first-request-differs: caching is on by design; whether it was on is recorded,
     and --no-prefix-caching (for reproducibility studies) is a different configuration."""
-    from stepkit.cli import _engine_setup
+    from stepkit.engines.base import EngineSpec
 
-    kw = {"engine": "vllm", "model": "smollm2-135m", "seed": 0, "max_model_len": 2048,
-          "no_prefix_caching": False, "tensor_parallel_size": 1}
-    _, on = _engine_setup(kw)
-    _, off = _engine_setup({**kw, "no_prefix_caching": True})
+    on = EngineSpec("vllm", "smollm2-135m", 0, {"max_model_len": 2048, "tensor_parallel_size": 1}).identity()
+    off = EngineSpec("vllm", "smollm2-135m", 0, {"enable_prefix_caching": False}).identity()
     assert on["enable_prefix_caching"] is True and off["enable_prefix_caching"] is False
     assert on != off

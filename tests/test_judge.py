@@ -8,13 +8,14 @@ import json
 import pyarrow.parquet as pq
 import pytest
 
-from stepkit.engines.base import Completion, SamplingConfig
+from stepkit.engines.base import Completion, EngineSpec, SamplingConfig
 from stepkit.engines.scripted import ScriptedEngine, judge_policy
 from stepkit.grading.verdicts import (VerdictParseError, first_error_of, parse_first_error, parse_label,
                                       parse_step_verdicts, vote_first_error, vote_steps)
 from stepkit.prompts import judge_template, load_template, render_judge
 from stepkit.shards import read_manifest
-from stepkit.stages.judge import JudgeStage
+from stepkit.errors import ConfigError
+from stepkit.stages.judge import JudgeConfig, JudgeStage
 from tests.conftest import DATA, assert_linear, load_cases
 from tests.conftest import run_cli as run
 
@@ -187,7 +188,7 @@ def row(rid="r0", steps=("Add 3 and 4 to get 7.", "Double it: {14}.", "The answe
 
 def judge_stage(policy=judge_policy, mode="first-error", votes=1, retries=2, temperature=0.7, max_tokens=64):
     engine = ScriptedEngine(policy, "scripted:judge")
-    stage = JudgeStage(lambda: engine, {"name": "scripted"}, mode, votes, retries,
+    stage = JudgeStage(JudgeConfig(mode=mode, votes=votes, retries=retries), EngineSpec.of(engine),
                        SamplingConfig(temperature=temperature, max_tokens=max_tokens))
     stage.open()
     return stage, engine
@@ -254,7 +255,7 @@ def test_retry_rounds_get_other_seeds():
             return super().generate(requests, sampling)
 
     engine = Recording(flaky(99), "scripted:judge")
-    stage = JudgeStage(lambda: engine, {"name": "scripted"}, "first-error", 1, 2, SamplingConfig(seed=5))
+    stage = JudgeStage(JudgeConfig(votes=1, retries=2), EngineSpec.of(engine), SamplingConfig(seed=5))
     stage.open()
     stage.process([row()])
     assert len(set(seeds)) == 3 and seeds[0] == 5  # GPU per-request seeds are seed + index: vary per round
@@ -288,8 +289,9 @@ def test_engine_error_and_upstream_error():
 
 
 def test_template_mode_must_match(tmp_path):
-    with pytest.raises(ValueError, match="mode"):
-        JudgeStage(lambda: None, {}, "per-step", 1, 0, SamplingConfig(), judge_template("first-error"))
+    with pytest.raises(ConfigError, match="mode"):
+        JudgeStage(JudgeConfig(mode="per-step", retries=0), EngineSpec("scripted", "scripted:judge"), SamplingConfig(),
+                   judge_template("first-error"))
     bad = tmp_path / "t.yaml"
     bad.write_text("version: x\nmode: first-error\nuser: 'Judge {problem}'\n")
     with pytest.raises(Exception, match=r"needs the \{steps\} slot"):

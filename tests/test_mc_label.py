@@ -7,9 +7,9 @@ import random
 
 import pytest
 
-from stepkit.engines.base import SamplingConfig
+from stepkit.engines.base import EngineSpec, SamplingConfig
 from stepkit.engines.scripted import KnownValuePolicy, ScriptedEngine
-from stepkit.stages.mc_label import FirstErrorSearch, MCLabelStage, PrefixEstimate, label_row
+from stepkit.stages.mc_label import FirstErrorSearch, MCLabelConfig, MCLabelStage, PrefixEstimate, label_row
 
 RIGHT, WRONG = "So that is it.\nThe answer is 18.", "So that is it.\nThe answer is 17."
 
@@ -30,8 +30,8 @@ def stage_for(values, k=4, mode="exhaustive", truncated=None, checker=None):
     """A stage whose engine succeeds on prefix i with probability values[i] (exact counts)."""
     policy = KnownValuePolicy(lambda p: values[prefix_len(p)], RIGHT, WRONG, truncated)
     engine = ScriptedEngine(policy, "scripted:known")
-    stage = MCLabelStage(lambda: engine, {"name": "scripted"}, k, mode, SamplingConfig(max_tokens=64),
-                         lambda: checker, {})
+    stage = MCLabelStage(MCLabelConfig(continuations=k, mode=mode), EngineSpec.of(engine),
+                         SamplingConfig(max_tokens=64), lambda: checker)
     stage.open()
     return stage, engine
 
@@ -134,7 +134,8 @@ def test_invariants_on_random_values(checker):
 
     for mode in ("exhaustive", "binary"):
         engine = ScriptedEngine(KnownValuePolicy(value, RIGHT, WRONG))
-        stage = MCLabelStage(lambda: engine, {}, 4, mode, SamplingConfig(), lambda: checker, {})
+        stage = MCLabelStage(MCLabelConfig(continuations=4, mode=mode), EngineSpec.of(engine), SamplingConfig(),
+                             lambda: checker)
         stage.open()
         out, _ = stage.process(rows)
         for row in out:

@@ -14,12 +14,12 @@ import sys
 import pyarrow.parquet as pq
 import pytest
 
-from stepkit.engines.base import SamplingConfig
+from stepkit.engines.base import EngineSpec, SamplingConfig
 from stepkit.grading.verify import checker_settings
 from stepkit.prompts import DEFAULT_STOP
 from stepkit.runner import run_stage
 from stepkit.stages.ingest import IngestOptions, ingest
-from stepkit.stages.mc_label import MCLabelStage
+from stepkit.stages.mc_label import MCLabelConfig, MCLabelStage
 from tests.conftest import DATA
 
 pytestmark = pytest.mark.engine
@@ -116,9 +116,8 @@ class KeepOpen(MCLabelStage):
 
 
 def stage(engine, checker, mode, k=2, max_tokens=96):
-    return KeepOpen(lambda: engine, {"name": "vllm", "model": "smollm2-135m"}, k, mode,
-                    SamplingConfig(temperature=0.8, max_tokens=max_tokens, stop=DEFAULT_STOP),
-                    lambda: checker, checker_settings())
+    return KeepOpen(MCLabelConfig(continuations=k, mode=mode), EngineSpec.of(engine),
+                    SamplingConfig(temperature=0.8, max_tokens=max_tokens, stop=DEFAULT_STOP), lambda: checker)
 
 
 def test_truncated_continuations_are_counted_not_wrong(engine, checker, solutions, tmp_path):

@@ -152,7 +152,7 @@ def test_http_400_becomes_error_completions_for_that_request_only():
     with FakeServer(reject=lambda p: "TOO LONG" in p) as fake, OpenAIEngine("smollm2-135m", fake.base_url) as eng:
         results = eng.generate([Request("fine"), Request("TOO LONG", 3), Request("also fine", 2)], SAMPLED)
         assert [len(r) for r in results] == [1, 3, 2]
-        assert results[1] == [Completion("HTTP 400: prompt rejected: too long", "error", 0)] * 3
+        assert results[1] == [Completion.failed("HTTP 400: prompt rejected: too long")] * 3
         assert all(c.finish_reason == "stop" for c in results[0] + results[2])
         assert fake.hits["/v1/completions"] == 3  # a 400 is not retried
 

@@ -10,13 +10,13 @@ import sys
 import pyarrow.parquet as pq
 import pytest
 
-from stepkit.engines.base import Completion, SamplingConfig
+from stepkit.engines.base import Completion, EngineSpec, SamplingConfig
 from stepkit.engines.scripted import ScriptedEngine
 from stepkit.errors import ConfigError
 from stepkit.grading.verify import checker_settings
 from stepkit.runner import run_stage
 from stepkit.stages.ingest import IngestOptions, ingest
-from stepkit.stages.rollout import RolloutPrompt, RolloutStage, fewshot_from_problems, load_recipe
+from stepkit.stages.rollout import RolloutConfig, RolloutPrompt, RolloutStage, fewshot_from_problems, load_recipe
 from tests.conftest import DATA, ROOT
 
 STEPKIT = [sys.executable, "-m", "stepkit.cli"]
@@ -41,8 +41,8 @@ def shots(tmp_path_factory, checker):
 
 def scripted_stage(policy, checker, samples=3, prompt=RolloutPrompt()):
     engine = ScriptedEngine(policy, "scripted:test")
-    return RolloutStage(lambda: engine, {"name": "scripted"}, samples, SamplingConfig(max_tokens=64), prompt,
-                        lambda: checker, {}, generator="scripted:test"), engine
+    return RolloutStage(RolloutConfig(samples=samples), EngineSpec.of(engine), SamplingConfig(max_tokens=64), prompt,
+                        lambda: checker, generator="scripted:test"), engine
 
 
 def test_rows_per_sample_graded_truncated_and_empty(problems, checker, tmp_path):

@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from stepkit.errors import ConfigError
+from stepkit.options import Config, identity, opt
 
 
 @dataclass(frozen=True)
-class SamplingConfig:
+class SamplingConfig(Config):
     """Sampling parameters, always explicit (vLLM's own default ``max_tokens=16`` is never used).
 
     Attributes:
@@ -27,25 +28,20 @@ class SamplingConfig:
         top_p: nucleus sampling mass in (0, 1].
         max_tokens: generation budget per completion, in tokens. A completion that hits it has
             ``finish_reason == "length"`` and is counted as *truncated*, never as wrong.
-        stop: stop strings; the matched string is not included in the text.
+        stop: stop strings; the matched string is not included in the text (each stage has its own
+            ``--stop`` option, so this field has none).
         seed: engine seed (vLLM on CPU cannot take per-request seeds, so the engine is seeded once;
             on GPU, request ``i`` of a call gets ``seed + i``).
+
+    Raises:
+        ConfigError: a value out of range or not finite (``nan``, ``inf``).
     """
 
-    temperature: float = 0.8
-    top_p: float = 1.0
-    max_tokens: int = 512
-    stop: tuple[str, ...] = ()
-    seed: int = 0
-
-    def __post_init__(self):
-        if self.max_tokens <= 0:
-            raise ConfigError(f"max_tokens must be positive, got {self.max_tokens}")
-        if self.temperature < 0:
-            raise ConfigError(f"temperature must be >= 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
-        object.__setattr__(self, "stop", tuple(self.stop))
+    temperature: float = opt(0.8, "Sampling temperature.", min=0)
+    top_p: float = opt(1.0, "Nucleus sampling mass.", min=0, max=1, min_open=True)
+    max_tokens: int = opt(512, "Tokens per generation; hitting it marks the generation truncated.", min=1)
+    stop: tuple[str, ...] = opt((), cli=False)
+    seed: int = opt(0, "Seed (the engine's; on GPU request i of a call gets seed + i).", min=0, max=2**32 - 1)
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -66,15 +62,23 @@ class Completion:
     """One sampled continuation.
 
     Attributes:
-        text: generated text only (not the prompt), stop string excluded.
+        text: generated text only (not the prompt), stop string excluded; empty on an error.
         finish_reason: ``"stop"`` (EOS or stop string), ``"length"`` (hit ``max_tokens``: truncated) or
-            ``"error"`` (the engine failed on this request; ``text`` holds the message).
+            ``"error"`` (the engine failed on this request).
         num_tokens: number of generated tokens.
+        error: why the engine failed on this request (set exactly when ``finish_reason == "error"``);
+            build such a completion with :meth:`failed`.
     """
 
     text: str
     finish_reason: str
     num_tokens: int = 0
+    error: str | None = None
+
+    @classmethod
+    def failed(cls, message: str, num_tokens: int = 0) -> "Completion":
+        """A completion for a request the engine could not serve (``finish_reason == "error"``)."""
+        return cls("", "error", num_tokens, message)
 
     @property
     def truncated(self) -> bool:
@@ -91,16 +95,30 @@ class EngineStats:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class NoOptions(Config):
+    """An engine with no options of its own."""
+
+
 class Engine:
     """Base class of all engines.
 
-    Subclasses implement :meth:`generate`, :meth:`render_chat` and :meth:`describe`.
+    Subclasses implement :meth:`generate`, :meth:`render_chat` and :meth:`describe`, and declare their
+    options as a nested ``Options`` :class:`~stepkit.options.Config` dataclass (the constructor takes
+    ``model``, ``seed`` and those fields as keywords).
     """
 
     name = "base"
+    Options: type[Config] = NoOptions
+    uses_seed = True  # False for an engine whose results do not depend on the seed (scripted)
 
     def __init__(self):
         self.stats = EngineStats()
+
+    @classmethod
+    def create(cls, model: str, seed: int = 0, **options: Any) -> "Engine":
+        """Build the engine from a model name, a seed and its ``Options`` fields (:func:`make_engine`)."""
+        return cls(model, seed=seed, **options)
 
     def generate(self, requests: list[Request], sampling: SamplingConfig) -> list[list[Completion]]:
         """Sample ``r.n`` continuations of each ``r.prompt``; order-preserving."""
@@ -137,22 +155,100 @@ class Engine:
         self.close()
 
 
-def make_engine(name: str, model: str, **options) -> Engine:
-    """Build an engine by name: ``vllm``, ``openai`` or ``scripted``.
+# name -> (module, class); each engine class declares its ``Options``. Importing this module imports no backend.
+ENGINES = {
+    "vllm": ("stepkit.engines.vllm_engine", "VLLMEngine"),
+    "openai": ("stepkit.engines.openai_engine", "OpenAIEngine"),
+    "scripted": ("stepkit.engines.scripted", "ScriptedEngine"),
+}
+
+
+def engine_class(name: str) -> type[Engine]:
+    """The engine class registered as ``name`` (its module is imported; vLLM itself is not).
 
     Raises:
-        ConfigError: unknown engine name, or the backend cannot load ``model``.
+        ConfigError: unknown engine name.
     """
-    if name == "vllm":
-        from stepkit.engines.vllm_engine import VLLMEngine
+    import importlib
 
-        return VLLMEngine(model, **options)
-    if name == "scripted":
-        from stepkit.engines.scripted import ScriptedEngine
+    if name not in ENGINES:
+        raise ConfigError(f"unknown engine {name!r} (choose {', '.join(ENGINES)})")
+    module, cls = ENGINES[name]
+    return getattr(importlib.import_module(module), cls)
 
-        return ScriptedEngine.from_spec(model, **options)
-    if name == "openai":
-        from stepkit.engines.openai_engine import OpenAIEngine
 
-        return OpenAIEngine(model, **options)
-    raise ConfigError(f"unknown engine {name!r} (choose vllm, openai or scripted)")
+def engine_options(name: str, options: dict[str, Any]) -> Config:
+    """``options`` checked against engine ``name``'s ``Options`` dataclass.
+
+    Raises:
+        ConfigError: an option that engine does not have (a misspelt option is never dropped silently),
+            or a value out of range.
+    """
+    cls = engine_class(name).Options
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise ConfigError(f"engine {name} has no option {', '.join(map(repr, unknown))} "
+                          f"(its options: {', '.join(sorted(known)) or 'none'})")
+    return cls(**options)
+
+
+def make_engine(name: str, model: str, seed: int = 0, **options) -> Engine:
+    """Build an engine by name: ``vllm``, ``openai`` or ``scripted``.
+
+    Args:
+        name: a key of :data:`ENGINES`.
+        model: the model (registry name, local folder, served name or scripted policy).
+        seed: the engine seed.
+        **options: fields of that engine's ``Options``.
+
+    Raises:
+        ConfigError: unknown engine name or option, or the backend cannot load ``model``.
+    """
+    opts = engine_options(name, options)
+    return engine_class(name).create(model, seed=seed, **dataclasses.asdict(opts))
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """Which engine a stage uses, known without loading it: ``EngineSpec("vllm", "smollm2-135m", 0, {...})``.
+
+    Attributes:
+        name: engine name (a key of :data:`ENGINES`).
+        model: model name or path.
+        seed: engine seed.
+        options: that engine's options (checked against its ``Options`` on construction).
+        factory: builds the engine instead of :func:`make_engine` (tests pass a ready scripted engine);
+            not part of the identity.
+
+    Raises:
+        ConfigError: unknown engine or option.
+    """
+
+    name: str
+    model: str
+    seed: int = 0
+    options: dict[str, Any] = field(default_factory=dict)
+    factory: Callable[[], Engine] | None = field(default=None, compare=False)
+
+    def __post_init__(self):
+        if self.factory is None:
+            engine_options(self.name, self.options)
+
+    @classmethod
+    def of(cls, engine: Engine) -> "EngineSpec":
+        """A spec that hands out an engine already built (for tests and benchmarks)."""
+        return cls(engine.name, getattr(engine, "model", engine.name), factory=lambda: engine)
+
+    def identity(self) -> dict[str, Any]:
+        """What changes results: name, model, seed, and the engine's options marked ``identity``
+        (not where a server runs, so a rerun against a restarted server resumes)."""
+        opts = identity(engine_options(self.name, self.options)) if self.factory is None else {}
+        seeded = self.name not in ENGINES or engine_class(self.name).uses_seed
+        return {"name": self.name, "model": self.model, **({"seed": self.seed} if seeded else {}), **opts}
+
+    def build(self) -> Engine:
+        """Load the engine (the slow part: a model load or a server check)."""
+        if self.factory is not None:
+            return self.factory()
+        return make_engine(self.name, self.model, seed=self.seed, **self.options)

@@ -41,7 +41,7 @@ Failures:
 * construction: unreachable server, ``/models`` failing, or ``model`` not served ->
   :class:`~stepkit.errors.ConfigError` (one line).
 * a request the server rejects for a request-specific reason (HTTP 400/413/422, e.g. a prompt longer
-  than the context) -> ``Completion("HTTP 400: <message>", "error", 0)`` for each of that request's
+  than the context) -> ``Completion.failed("HTTP 400: <message>")`` for each of that request's
   samples; the other requests of the call are unaffected.
 * the server unreachable, timing out, or answering 429/5xx after all retries, or refusing the whole
   job (HTTP 401/403/404) -> :class:`EngineUnavailable`. Nothing of the call is returned, so the runner
@@ -58,6 +58,7 @@ import random
 import re
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -66,6 +67,7 @@ import httpx
 
 from stepkit.engines.base import Completion, Engine, Request, SamplingConfig
 from stepkit.errors import ConfigError, StepkitError
+from stepkit.options import Config, opt
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -197,7 +199,6 @@ class OpenAIEngine(Engine):
             ``"server"``: always render on the server.
         per_request_seed: send ``seed = sampling.seed + i`` with request ``i`` of a call. Off by
             default: it crashes vLLM CPU servers (see the module docstring); turn it on for GPU servers.
-        **ignored: options meant for other engines; kept in ``self.ignored_options``.
 
     API key: ``$STEPKIT_API_KEY``, else ``$OPENAI_API_KEY``, else a dummy (vLLM needs none by default).
 
@@ -207,6 +208,30 @@ class OpenAIEngine(Engine):
     """
 
     name = "openai"
+
+    @dataclass(frozen=True)
+    class Options(Config):
+        """The openai engine's options. Where the server runs, how many requests are in flight and how
+        long to wait change no result, so they stay out of the identity: a rerun against a restarted
+        server (on another port) resumes."""
+
+        base_url: str | None = opt(None, "Server URL for --engine openai (e.g. http://127.0.0.1:8000/v1).",
+                                   identity=False)
+        concurrency: int = opt(32, "--engine openai: requests in flight.", min=1, identity=False)
+        tokenizer: str | None = opt(None, "--engine openai: local tokenizer (bundled name or folder) for the chat "
+                                    "template, or 'server' to render it on the server [default: --model when "
+                                    "local, else server].")
+        per_request_seed: bool = opt(False, "--engine openai: send seed+i with request i (GPU servers only: it "
+                                     "crashes vLLM CPU servers).")
+        max_retries: int = opt(6, "--engine openai: retries on connection errors, 429 and 5xx (exponential "
+                               "backoff).", min=0, identity=False)
+        timeout: float = opt(300.0, "--engine openai: seconds per request.", flag="--request-timeout", min=1,
+                             identity=False)
+
+        def __post_init__(self):
+            super().__post_init__()
+            if not self.base_url:
+                raise ConfigError("--engine openai needs --base-url (e.g. http://127.0.0.1:8000/v1)")
 
     def __init__(
         self,
@@ -218,7 +243,6 @@ class OpenAIEngine(Engine):
         max_retries: int = 6,
         tokenizer: str | None = None,
         per_request_seed: bool = False,
-        **ignored: Any,
     ):
         super().__init__()
         if not base_url:
@@ -240,7 +264,6 @@ class OpenAIEngine(Engine):
         self.timeout = float(timeout)
         self.max_retries = int(max_retries)
         self.per_request_seed = bool(per_request_seed)
-        self.ignored_options = dict(ignored)
         self.stats.extra.update(retries=0, prompt_tokens=0, http_requests=0)
         self._api_key = _api_key()
         self._http = httpx.Client(timeout=CONTROL_TIMEOUT, headers={"Authorization": f"Bearer {self._api_key}"})
@@ -590,7 +613,7 @@ class OpenAIEngine(Engine):
                     return got[:n]
         missing = n - len(got)
         message = f"the server returned {len(got)} of {n} completions after {MAX_TOP_UPS} follow-up requests"
-        return got + [Completion(message, "error", 0)] * missing
+        return got + [Completion.failed(message)] * missing
 
     async def _post_completion(self, prompt: str, n: int, sampling: SamplingConfig, seed: int | None):
         """The JSON body of one completions answer, or an error Completion for a rejected request."""
@@ -619,7 +642,7 @@ class OpenAIEngine(Engine):
         except openai.APIStatusError as exc:
             status, message = exc.status_code, _server_message(exc.response)
             if status in REQUEST_ERROR_STATUSES:
-                return Completion(f"HTTP {status}: {message}", "error", 0)
+                return Completion.failed(f"HTTP {status}: {message}")
             if status in (408, 409, 429) or status >= 500:
                 raise EngineUnavailable(f"the server at {self.base_url} keeps failing (HTTP {status}: {message}) "
                                         f"after {self.max_retries} retries; {RESUME_HINT}") from None
@@ -660,7 +683,7 @@ class OpenAIEngine(Engine):
             if reason in ("stop", "length"):
                 out.append(Completion(text, reason, num))
             else:
-                out.append(Completion(f"the server finished a completion with {reason!r}", "error", num))
+                out.append(Completion.failed(f"the server finished a completion with {reason!r}", num))
         return out
 
     # -- provenance and prefix cache -----------------------------------------------------------------

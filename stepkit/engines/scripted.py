@@ -73,6 +73,7 @@ class ScriptedEngine(Engine):
     """Deterministic engine driven by a policy. ``calls`` records every request (for budget checks)."""
 
     name = "scripted"
+    uses_seed = False
 
     def __init__(self, policy: Policy = echo_policy, model: str = "scripted:echo", delay: float = 0.0):
         super().__init__()
@@ -80,7 +81,12 @@ class ScriptedEngine(Engine):
         self.calls: list[Request] = []
 
     @classmethod
-    def from_spec(cls, spec: str, **options) -> "ScriptedEngine":
+    def create(cls, model: str, seed: int = 0, **options) -> "ScriptedEngine":
+        """The engine ``make_engine("scripted", model)`` builds (see :meth:`from_spec`); seed unused."""
+        return cls.from_spec(model)
+
+    @classmethod
+    def from_spec(cls, spec: str) -> "ScriptedEngine":
         """``scripted`` or ``scripted:echo`` -> the echo policy, ``scripted:judge`` -> :func:`judge_policy`.
 
         Raises:
@@ -105,6 +111,8 @@ class ScriptedEngine(Engine):
                 c = self.policy(r.prompt, j, r.n)
                 if isinstance(c, str):
                     c = Completion(c, "stop", len(c.split()))
+                elif c.finish_reason == "error" and c.error is None:  # a policy's Completion("why", "error")
+                    c = Completion.failed(c.text, c.num_tokens)
                 samples.append(c)
             out.append(samples)
             self.stats.requests += 1

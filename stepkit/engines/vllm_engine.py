@@ -45,11 +45,11 @@ the parent. Scripts that build an engine need an ``if __name__ == "__main__":`` 
 from __future__ import annotations
 
 import dataclasses
-
 import gc
 import os
 import re
 import warnings
+from dataclasses import dataclass
 from typing import Any
 
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
@@ -60,6 +60,7 @@ warnings.filterwarnings("ignore", message=r".*torch\.distributed\.reduce_op.*", 
 
 from stepkit.engines.base import Completion, Engine, Request, SamplingConfig  # noqa: E402
 from stepkit.errors import ConfigError, StepkitError  # noqa: E402
+from stepkit.options import Config, opt  # noqa: E402
 from stepkit.models import resolve_model  # noqa: E402
 
 PREFIX_CACHE_QUERIES = "vllm:prefix_cache_queries"
@@ -108,7 +109,6 @@ class VLLMEngine(Engine):
         enforce_eager: ``None`` -> True on CPU (loads in ~30 s instead of minutes), False on GPU.
         block_size: KV cache block size in tokens (prefix-cache granularity); ``None`` -> 32 on CPU,
             vLLM's default on GPU.
-        **ignored: options meant for other engines; kept in ``self.ignored_options`` and not used.
 
     Raises:
         ConfigError: unknown model name or path, or vLLM cannot load the folder (one line; vLLM's
@@ -116,6 +116,18 @@ class VLLMEngine(Engine):
     """
 
     name = "vllm"
+
+    @dataclass(frozen=True)
+    class Options(Config):
+        """The vllm engine's options (its seed comes from ``--seed``)."""
+
+        max_model_len: int = opt(2048, "--engine vllm: context length (prompt + generation) in tokens.", min=64)
+        enable_prefix_caching: bool = opt(True, "--engine vllm: automatic prefix caching (off: slower; for "
+                                          "bit-reproducibility studies).", flag="--prefix-caching/--no-prefix-caching")
+        tensor_parallel_size: int = opt(1, "GPUs per model (vllm engine on GPU machines).", min=1)
+        gpu_memory_utilization: float | None = opt(None, cli=False, identity=False, min=0, max=1, min_open=True)
+        enforce_eager: bool | None = opt(None, cli=False, identity=False)
+        block_size: int | None = opt(None, cli=False, identity=False, min=1)
 
     def __init__(
         self,
@@ -127,11 +139,9 @@ class VLLMEngine(Engine):
         tensor_parallel_size: int = 1,
         enforce_eager: bool | None = None,
         block_size: int | None = None,
-        **ignored: Any,
     ):
         super().__init__()
         self.model = model
-        self.ignored_options = dict(ignored)
         self.model_path = resolve_model(model)
         try:
             import vllm
@@ -243,8 +253,8 @@ class VLLMEngine(Engine):
             n_prompt = self.count_tokens(r.prompt)
             room = self.max_model_len - n_prompt
             if room < 1:
-                results[i] = [Completion(f"prompt too long: {n_prompt} tokens, max_model_len {self.max_model_len}",
-                                         "error", 0)] * r.n
+                results[i] = [Completion.failed(f"prompt too long: {n_prompt} tokens, "
+                                                f"max_model_len {self.max_model_len}")] * r.n
                 continue
             budget = dataclasses.replace(sampling, max_tokens=min(sampling.max_tokens, room))
             copies, n = (r.n, 1) if greedy else (1, r.n)
@@ -271,7 +281,7 @@ class VLLMEngine(Engine):
                     results[owner].append(Completion(seq.text, seq.finish_reason, num))
                 else:
                     message = f"vllm: request finished with {seq.finish_reason!r}"
-                    results[owner].append(Completion(message, "error", num))
+                    results[owner].append(Completion.failed(message, num))
             prompt_tokens += len(out.prompt_token_ids or ())
         for request, completions in zip(requests, results):
             if len(completions) != request.n:  # pragma: no cover

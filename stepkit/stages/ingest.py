@@ -20,14 +20,15 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
 from stepkit import __version__
-from stepkit.errors import InputError
+from stepkit.errors import ConfigError, InputError
 from stepkit.grading.answers import extract_final_answer, extract_gsm8k_reference, strip_calculator_annotations
 from stepkit.grading.steps import split_steps
+from stepkit.options import Config, opt
 from stepkit.schema import PROBLEM_SCHEMA, REFERENCE_FIELDS, TRAJECTORY_SCHEMA, extend_schema
 from stepkit.shards import file_sha256, write_shard
 
@@ -36,27 +37,41 @@ GSM8K_GENERATORS = ("6b_finetuning", "6b_verification", "175b_finetuning", "175b
 TRAJ_SCHEMA_WITH_REFS = extend_schema(TRAJECTORY_SCHEMA, REFERENCE_FIELDS)
 
 
-@dataclass
-class IngestOptions:
-    """Options of ``stepkit ingest`` (column names refer to the source file for jsonl/parquet)."""
+@dataclass(frozen=True)
+class IngestOptions(Config):
+    """Options of ``stepkit ingest`` (column names refer to the source file for jsonl/parquet).
 
-    limit: int | None = None
-    skip: int = 0
-    sample: int | None = None  # a seeded random sample of this many records (file order kept)
-    seed: int = 0
-    generators: tuple[str, ...] = ()
-    split: str = "auto"
-    id_col: str | None = None
-    prompt_col: str = "prompt"
-    steps_col: str = "steps"
-    answer_col: str | None = None  # the solution's own final answer (else extracted from the steps)
-    reference_col: str | None = None
-    problem_id_col: str | None = None
-    labels_col: str | None = None  # per-step human ratings / labels
-    neutral_as: str = "positive"  # PRM800K-style 0 ratings -> True ("positive") or False ("negative")
-    first_error_col: str | None = None
-    answers: tuple[str, ...] = ()  # extra files with gold answers for processbench (gsm8k/math500 jsonl)
-    extra: dict[str, Any] = field(default_factory=dict)
+    Raises:
+        ConfigError: a value out of range, an unknown split mode or a missing ``--answers`` file.
+    """
+
+    limit: int | None = opt(None, "Take at most N records.", min=1)
+    skip: int = opt(0, "Skip the first N records (to cut a file into shards).", min=0)
+    sample: int | None = opt(None, "Take a random sample of N records (seeded by --seed, file order kept), "
+                             "after --skip/--limit.", min=1)
+    seed: int = opt(0, "Seed of --sample.")
+    generators: tuple[str, ...] = opt((), "gsm8k-solutions: generator(s) to take (default: all four).",
+                                      flag="--generator")
+    split: str = opt("auto", "jsonl/parquet string steps: newline, blank, step (Step k:), auto, or a separator regex.")
+    id_col: str | None = opt(None, "jsonl/parquet: row id column (default: <file>-<index>).")
+    prompt_col: str = opt("prompt", "jsonl/parquet: the problem column.")
+    steps_col: str = opt("steps", "A list of steps, or a string to split.")
+    answer_col: str | None = opt(None, "The solution's final answer (default: extracted from the steps).")
+    reference_col: str | None = opt(None, "Gold answer column (needed to grade outcomes).")
+    problem_id_col: str | None = opt(None, "jsonl/parquet: problem id column (default: the row id).")
+    labels_col: str | None = opt(None, "Per-step human labels or ratings (-1/0/1, bool, +/-).")
+    neutral_as: str = opt("positive", "How a neutral 0 rating maps (PRM800K paper: positive; TRL's converter: "
+                          "negative).", choices=("positive", "negative"))
+    first_error_col: str | None = opt(None, "Human first-error index column (-1 = no error).")
+    answers: tuple[str, ...] = opt((), "processbench: GSM8K/MATH-500 jsonl files to recover gold answers from.",
+                                   file=True)
+
+    def __post_init__(self):
+        super().__post_init__()
+        try:
+            split_steps("a\nb", self.split)
+        except ValueError as e:
+            raise ConfigError(f"--split: {e}") from None
 
 
 def read_jsonl(path: Path) -> Iterator[tuple[int, dict]]:

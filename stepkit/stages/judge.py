@@ -31,13 +31,16 @@ Columns (one entry per step for the list columns):
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from dataclasses import dataclass
+from typing import Any
 
-from stepkit.engines.base import Engine, Request, SamplingConfig
+from stepkit.engines.base import EngineSpec, Request, SamplingConfig
+from stepkit.errors import ConfigError, RowError
 from stepkit.grading.answers import find_boxes
 from stepkit.grading.verdicts import (VerdictParseError, first_error_of, labels_from_first_error,
                                       parse_first_error, parse_step_verdicts, vote_first_error, vote_steps)
-from stepkit.prompts import JUDGE_MODES, PromptTemplate, judge_template, render_judge
+from stepkit.options import Config, opt
+from stepkit.prompts import JUDGE_MODES, PromptTemplate, judge_template, load_template, render_judge
 from stepkit.runner import LabelerStage
 from stepkit.schema import JUDGE_FIELDS, extend_schema
 
@@ -83,45 +86,55 @@ def vote_row(mode: str, n_steps: int, votes: list[list[bool]]) -> dict[str, Any]
             "judge_status": "ok"}
 
 
+@dataclass(frozen=True)
+class JudgeConfig(Config):
+    """Options of ``judge``.
+
+    Raises:
+        ConfigError: an unknown mode, votes < 1 or retries < 0.
+    """
+
+    mode: str = opt("first-error", "first-error: index of the earliest wrong step (ProcessBench critic); "
+                    "per-step: a verdict per step.", choices=JUDGE_MODES)
+    votes: int = opt(1, "Replies sampled per row and majority-voted (needs --temperature > 0 when > 1).",
+                     short="-v", min=1)
+    retries: int = opt(2, "Extra sampling rounds for replies that fail to parse (none at temperature 0).", min=0)
+    template: str | None = opt(None, "Judge prompt template (YAML: version, mode, user, system) "
+                               "[default: stepkit/prompts/judge-<mode>.yaml].", identity=False)  # hashed below
+    stop: tuple[str, ...] = opt((), "Stop string(s) for judge replies.", identity=False)  # in sampling
+
+
 class JudgeStage(LabelerStage):
     """The ``judge`` stage (see the module docstring for the method).
 
     Args:
-        engine_factory: builds the judge engine (called once, only if there is work); configured
-            independently of the policy that wrote the steps.
-        engine_config: JSON-able engine choice (name, model, options) for the configuration identity.
-        mode: ``first-error`` or ``per-step``.
-        votes: V >= 1 replies sampled per row.
-        retries: extra sampling rounds for replies that failed to parse (>= 0). Skipped at temperature
-            0, where the same prompt gives the same reply.
+        cfg: the stage's options (:class:`JudgeConfig`).
+        engine: the judge engine (built once, only if there is work); configured independently of the
+            policy that wrote the steps.
         sampling: explicit sampling parameters (``max_tokens`` must leave room for the reasoning).
-        template: judge template; defaults to the built-in one of ``mode``. Its mode must match.
+            Retries are skipped at temperature 0, where the same prompt gives the same reply.
+        template: judge template; default: ``cfg.template``'s file, else the built-in one of the mode.
 
     Raises:
-        ValueError: bad mode, votes < 1, retries < 0, or a template of another mode.
+        ConfigError: a template of another mode, or an unreadable template file.
     """
 
     name = "judge"
     required_columns = ("id", "prompt", "steps")
     default_chunk_size = 32
+    grades_answers = False
 
-    def __init__(self, engine_factory: Callable[[], Engine], engine_config: dict[str, Any], mode: str,
-                 votes: int, retries: int, sampling: SamplingConfig, template: PromptTemplate | None = None):
-        if mode not in JUDGE_MODES:
-            raise ValueError(f"mode must be one of {JUDGE_MODES}, got {mode!r}")
-        if votes < 1 or retries < 0:
-            raise ValueError(f"need votes >= 1 and retries >= 0, got {votes} and {retries}")
-        template = template or judge_template(mode)
-        if template.mode != mode:
-            raise ValueError(f"template {template.version!r} is for mode {template.mode!r}, not {mode!r}")
-        self.engine_factory, self.engine_config = engine_factory, engine_config
-        self.mode, self.votes, self.retries, self.sampling, self.template = mode, votes, retries, sampling, template
+    def __init__(self, cfg: JudgeConfig, engine: EngineSpec, sampling: SamplingConfig,
+                 template: PromptTemplate | None = None):
+        super().__init__(cfg, engine, sampling)
+        template = template or (load_template(cfg.template) if cfg.template else judge_template(cfg.mode))
+        if template.mode != cfg.mode:
+            raise ConfigError(f"template {template.version!r} is for mode {template.mode!r}, not {cfg.mode!r}")
+        self.mode, self.votes, self.retries, self.template = cfg.mode, cfg.votes, cfg.retries, template
 
     # -- runner interface -------------------------------------------------------------------------
     def config(self) -> dict[str, Any]:
-        return {"engine": self.engine_config, "mode": self.mode, "votes": self.votes, "retries": self.retries,
-                "sampling": self.sampling.to_dict(),
-                "prompt_template": {"version": self.template.version, "hash": self.template.hash()}}
+        return {**super().config(), "prompt_template": {"version": self.template.version, "hash": self.template.hash()}}
 
     def output_schema(self, input_schema):
         return extend_schema(input_schema, JUDGE_FIELDS)
@@ -160,7 +173,7 @@ class JudgeStage(LabelerStage):
                     counters["replies"] += 1
                     counters["retry_replies"] += attempt > 0
                     if c.finish_reason == "error":
-                        r["error"] = f"judge: engine: {c.text}"
+                        r["error"] = RowError(self.name, f"engine: {c.error}")
                         continue
                     r["judge_replies"].append(c.text)
                     try:

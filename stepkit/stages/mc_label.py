@@ -39,16 +39,32 @@ Modes:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
-from stepkit.engines.base import Engine, Request, SamplingConfig
+from stepkit.engines.base import EngineSpec, Request, SamplingConfig
+from stepkit.errors import RowError
 from stepkit.grading.answers import extract_final_answer
 from stepkit.grading.verdicts import labels_from_first_error
+from stepkit.options import Config, opt
 from stepkit.prompts import CONTINUATION, PromptTemplate, render_continuation
 from stepkit.runner import LabelerStage
 from stepkit.schema import LABELER_REQUIRED, MC_FIELDS, extend_schema
 
 MODES = ("exhaustive", "binary")
+
+
+@dataclass(frozen=True)
+class MCLabelConfig(Config):
+    """Options of ``mc-label`` (each one drives its flag, its validation and the manifest identity).
+
+    Raises:
+        ConfigError: continuations < 1 or an unknown mode.
+    """
+
+    continuations: int = opt(8, "K: continuations per step prefix.", short="-k", min=1)
+    mode: str = opt("exhaustive", "exhaustive: every prefix; binary: OmegaPRM binary search for the first error.",
+                    choices=MODES)
+    stop: tuple[str, ...] = opt((), "Extra stop string(s) for continuations.", identity=False)  # in sampling
 
 
 @dataclass
@@ -151,14 +167,10 @@ class MCLabelStage(LabelerStage):
     """The ``mc-label`` stage (see the module docstring for the method).
 
     Args:
-        engine_factory: builds the engine (called once, only if there is work).
-        engine_config: JSON-able description of the engine choice (name, model, options) for the
-            configuration identity; computed without loading the model.
-        k: continuations per prefix (K >= 1).
-        mode: ``exhaustive`` or ``binary``.
-        sampling: explicit sampling parameters.
-        checker_factory: builds the answer checker (:class:`stepkit.grading.verify.AnswerChecker`).
-        grader_settings: the checker's pinned settings, for the configuration identity.
+        cfg: the stage's options (:class:`MCLabelConfig`).
+        engine: the engine to continue prefixes with (built once, only if there is work).
+        sampling: explicit sampling parameters (the CLI adds the default stop strings and ``cfg.stop``).
+        checker_factory: builds the answer checker (default: :class:`stepkit.grading.verify.AnswerChecker`).
         template: the continuation prompt template.
     """
 
@@ -166,23 +178,14 @@ class MCLabelStage(LabelerStage):
     required_columns = LABELER_REQUIRED
     default_chunk_size = 16
 
-    def __init__(self, engine_factory: Callable[[], Engine], engine_config: dict[str, Any], k: int,
-                 mode: str, sampling: SamplingConfig, checker_factory: Callable[[], Any],
-                 grader_settings: dict[str, Any], template: PromptTemplate = CONTINUATION):
-        if mode not in MODES:
-            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-        if k < 1:
-            raise ValueError(f"continuations must be >= 1, got {k}")
-        self.engine_factory, self.engine_config = engine_factory, engine_config
-        self.k, self.mode, self.sampling, self.template = k, mode, sampling, template
-        self.checker_factory, self.grader_settings = checker_factory, grader_settings
+    def __init__(self, cfg: MCLabelConfig, engine: EngineSpec, sampling: SamplingConfig, checker_factory=None,
+                 template: PromptTemplate = CONTINUATION):
+        super().__init__(cfg, engine, sampling, checker_factory)
+        self.k, self.mode, self.template = cfg.continuations, cfg.mode, template
 
     # -- runner interface -------------------------------------------------------------------------
     def config(self) -> dict[str, Any]:
-        return {"engine": self.engine_config, "continuations": self.k, "mode": self.mode,
-                "sampling": self.sampling.to_dict(),
-                "prompt_template": {"version": self.template.version, "hash": self.template.hash()},
-                "grader": self.grader_settings}
+        return {**super().config(), "prompt_template": {"version": self.template.version, "hash": self.template.hash()}}
 
     def output_schema(self, input_schema):
         return extend_schema(input_schema, MC_FIELDS)
@@ -205,7 +208,7 @@ class MCLabelStage(LabelerStage):
                 row["mc_status"] = "ungraded"  # e.g. a rollout cut off by max_tokens: no outcome to anchor v_M
                 counters["ungraded"] += 1
             elif err := _row_problem(row):
-                row["error"] = f"mc-label: {err}"
+                row["error"] = RowError(self.name, err)
             else:
                 todo.append(row)
             out.append(row)
@@ -214,7 +217,7 @@ class MCLabelStage(LabelerStage):
         bad = self.checker.gold_problems([r["reference_answer"] for r in todo])
         for r in todo:
             if bad[r["reference_answer"]]:
-                r["error"] = f"mc-label: unusable reference_answer: {bad[r['reference_answer']]}"
+                r["error"] = RowError(self.name, f"unusable reference_answer: {bad[r['reference_answer']]}")
         todo = [r for r in todo if not r.get("error")]
         est: dict[int, dict[int, PrefixEstimate]] = {id(r): {} for r in todo}
         if self.mode == "exhaustive":
@@ -253,7 +256,7 @@ class MCLabelStage(LabelerStage):
             for c in comps:
                 e.rollouts += 1
                 if c.finish_reason == "error":
-                    r["error"] = f"mc-label: engine: {c.text}"
+                    r["error"] = RowError(self.name, f"engine: {c.error}")
                 elif c.truncated:
                     e.truncated += 1
                     counters["truncated"] += 1

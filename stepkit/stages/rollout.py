@@ -16,14 +16,15 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pyarrow as pa
 
-from stepkit.engines.base import Engine, Request, SamplingConfig
-from stepkit.errors import ConfigError
+from stepkit.engines.base import EngineSpec, Request, SamplingConfig
+from stepkit.errors import ConfigError, InputError, RowError
 from stepkit.grading.answers import extract_final_answer
 from stepkit.grading.steps import split_steps
+from stepkit.options import Config, check_field, field_names, opt
 from stepkit.runner import EngineStage
 from stepkit.schema import PROBLEM_FIELDS, ROLLOUT_FIELDS, TRAJECTORY_FIELDS, check_values
 from stepkit.shards import config_hash
@@ -89,35 +90,87 @@ def fewshot_from_problems(path: str | Path, k: int) -> tuple[dict, ...]:
     raise ConfigError(f"{path}: only {len(out)} rows with reference_steps, --fewshot asks for {k}")
 
 
-def load_recipe(path: str | Path) -> dict[str, Any]:
-    """Read a YAML (or JSON) recipe: keys ``instruction``, ``system``, ``fewshot`` (int),
-    ``fewshot_file``, ``split``, ``samples``, ``temperature``, ``top_p``, ``max_tokens``, ``stop``.
+@dataclass(frozen=True)
+class RolloutConfig(Config):
+    """Options of ``rollout``; a recipe file may set any of them (and ``temperature``, ``top_p``,
+    ``max_tokens``), a flag given on the command line wins over the recipe.
+
+    The prompt fields enter the identity through the prompt's hash (:meth:`RolloutPrompt.hash`).
 
     Raises:
-        ConfigError: unreadable file or unknown keys.
+        ConfigError: samples < 1, ``fewshot`` without ``fewshot_file``, or an unknown split mode.
+    """
+
+    samples: int = opt(4, "N solutions per problem.", short="-n", min=1)
+    instruction: str = opt(DEFAULT_INSTRUCTION, "Answer-format instruction placed before the problem.",
+                           identity=False)
+    system: str | None = opt(None, "Optional system message.", flag="--system-prompt", identity=False)
+    fewshot: int = opt(0, "Number of few-shot exemplars.", min=0, identity=False)
+    fewshot_file: str | None = opt(None, "Problems shard (with reference_steps) to take the exemplars from; use "
+                                   "problems disjoint from PROBLEMS.", identity=False)
+    split: str = opt("newline", "How to split generated text into steps: newline, blank, step, auto, or a "
+                     "separator regex.", identity=False)
+    stop: tuple[str, ...] = opt((), "Stop string(s).", identity=False)  # in sampling
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.fewshot and not self.fewshot_file:
+            raise ConfigError("--fewshot needs --fewshot-file (or fewshot_file in the recipe)")
+        try:
+            split_steps("a\nb", self.split)
+        except ValueError as e:
+            raise ConfigError(f"--split: {e}") from None
+
+    def prompt(self) -> RolloutPrompt:
+        """The prompt these options describe (reads the few-shot exemplars from ``fewshot_file``)."""
+        return RolloutPrompt(instruction=self.instruction, system=self.system,
+                             fewshot=fewshot_from_problems(self.fewshot_file, self.fewshot) if self.fewshot else (),
+                             split=self.split)
+
+
+RECIPE_SAMPLING_KEYS = ("temperature", "top_p", "max_tokens")
+
+
+def load_recipe(path: str | Path) -> dict[str, Any]:
+    """Read a YAML (or JSON) recipe: any field of :class:`RolloutConfig`, ``temperature``, ``top_p``,
+    ``max_tokens``, and a free-text ``description``. Each value is checked as its flag would be.
+
+    Raises:
+        ConfigError: unreadable file, unknown keys, or a value of the wrong type or range (naming the
+            file and the key).
     """
     import yaml
 
-    known = {"instruction", "system", "fewshot", "fewshot_file", "split", "samples", "temperature", "top_p",
-             "max_tokens", "stop", "description"}
+    known = set(field_names(RolloutConfig)) | set(RECIPE_SAMPLING_KEYS) | {"description"}
     try:
-        doc = yaml.safe_load(Path(path).read_text()) or {}
-    except (OSError, yaml.YAMLError) as e:
+        doc = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
         raise ConfigError(f"{path}: cannot read recipe ({str(e).splitlines()[0]})") from None
     if not isinstance(doc, dict):
         raise ConfigError(f"{path}: a recipe is a mapping of options")
     unknown = set(doc) - known
     if unknown:
-        raise ConfigError(f"{path}: unknown recipe keys {sorted(unknown)} (known: {sorted(known)})")
-    types = {"instruction": str, "system": (str, type(None)), "fewshot": int, "fewshot_file": (str, type(None)),
-             "split": str, "samples": int, "temperature": (int, float), "top_p": (int, float), "max_tokens": int,
-             "stop": (list, str), "description": str}
-    for key, value in doc.items():
-        if not isinstance(value, types[key]) or isinstance(value, bool):
-            raise ConfigError(f"{path}: recipe key {key!r} has {type(value).__name__} {value!r}, "
-                              f"expected {getattr(types[key], '__name__', 'a value of another type')}")
+        raise ConfigError(f"{path}: unknown recipe keys {sorted(map(str, unknown))} (known: {sorted(known)})")
     if isinstance(doc.get("stop"), str):  # one stop string, not its characters
         doc["stop"] = [doc["stop"]]
+    for key, value in doc.items():
+        if key == "description":
+            ok = isinstance(value, str)
+        else:
+            try:
+                check_field(SamplingConfig if key in RECIPE_SAMPLING_KEYS else RolloutConfig, key, value)
+                ok = True
+            except ConfigError as e:
+                raise ConfigError(f"{path}: recipe key {key!r} has {type(value).__name__} {value!r:.60}: {e}") from None
+        if not ok:
+            raise ConfigError(f"{path}: recipe key {key!r} has {type(value).__name__} {value!r:.60}, expected text")
+    if "split" in doc:
+        try:
+            split_steps("a\nb", doc["split"])
+        except ValueError as e:
+            raise ConfigError(f"{path}: recipe key 'split': {e}") from None
+    if isinstance(doc.get("stop"), list):
+        doc["stop"] = list(doc["stop"])
     if doc.get("fewshot_file"):  # relative to the recipe file
         p = Path(doc["fewshot_file"])
         doc["fewshot_file"] = str(p if p.is_absolute() else (Path(path).parent / p))
@@ -132,13 +185,12 @@ class RolloutStage(EngineStage):
     """The ``rollout`` stage.
 
     Args:
-        engine_factory: builds the engine (once, only if there is work).
-        engine_config: JSON-able engine choice for the configuration identity.
-        samples: N solutions per problem.
+        cfg: the stage's options (:class:`RolloutConfig`).
+        engine: the engine to sample with (built once, only if there is work).
         sampling: explicit sampling parameters.
-        prompt: the prompt recipe.
-        checker_factory / grader_settings: the answer checker and its pinned settings.
-        generator: the ``generator`` column value (the model name).
+        prompt: the prompt (default: ``cfg.prompt()``).
+        checker_factory: builds the answer checker (default: the math-verify pool).
+        generator: the ``generator`` column value (default: the engine's model name).
     """
 
     name = "rollout"
@@ -146,28 +198,21 @@ class RolloutStage(EngineStage):
     default_chunk_size = 32
     one_to_one = False
 
-    def __init__(self, engine_factory: Callable[[], Engine], engine_config: dict, samples: int,
-                 sampling: SamplingConfig, prompt: RolloutPrompt, checker_factory, grader_settings: dict,
-                 generator: str):
-        if samples < 1:
-            raise ConfigError(f"--samples must be >= 1, got {samples}")
-        self.engine_factory, self.engine_config, self.samples = engine_factory, engine_config, samples
-        self.sampling, self.prompt, self.generator = sampling, prompt, generator
-        self.checker_factory, self.grader_settings = checker_factory, grader_settings
+    def __init__(self, cfg: RolloutConfig, engine: EngineSpec, sampling: SamplingConfig,
+                 prompt: RolloutPrompt | None = None, checker_factory=None, generator: str | None = None):
+        super().__init__(cfg, engine, sampling, checker_factory)
+        self.samples, self.prompt = cfg.samples, prompt or cfg.prompt()
+        self.generator = generator or engine.model
 
     def config(self):
-        return {"engine": self.engine_config, "samples": self.samples, "sampling": self.sampling.to_dict(),
-                "prompt_template": {"version": self.prompt.version, "hash": self.prompt.hash(),
-                                    "recipe": self.prompt.to_dict()},
-                "grader": self.grader_settings}
+        return {**super().config(), "prompt_template": {"version": self.prompt.version, "hash": self.prompt.hash(),
+                                                        "recipe": self.prompt.to_dict()}}
 
     def output_schema(self, input_schema):
         return OUTPUT_SCHEMA
 
     def check_schema(self, schema, path):
         if "steps" in schema.names:
-            from stepkit.errors import InputError
-
             raise InputError(path, "has a 'steps' column, so it is a trajectory shard; rollout reads a problems "
                                    "shard (stepkit ingest gsm8k ...)")
 
@@ -197,19 +242,19 @@ class RolloutStage(EngineStage):
                        "final_answer": None}
                 counters["samples"] += 1
                 if c.finish_reason == "error":
-                    row.update(steps=[], step_separator="\n", error=f"rollout: engine: {c.text}")
+                    row.update(steps=[], step_separator="\n", error=RowError(self.name, f"engine: {c.error}"))
                     out.append(row)
                     continue
                 steps, sep = split_steps(c.text, self.prompt.split)
                 row.update(steps=steps, step_separator=sep, final_answer=extract_final_answer(c.text))
                 if not steps:
-                    row["error"] = "rollout: empty completion"
+                    row["error"] = RowError(self.name, "empty completion")
                 elif c.truncated:
                     counters["truncated"] += 1  # kept and marked; not graded as wrong
                 elif row["reference_answer"] is None:
                     pass  # nothing to grade against
                 elif bad.get(row["reference_answer"]):
-                    row["error"] = f"rollout: unusable reference_answer: {bad[row['reference_answer']]}"
+                    row["error"] = RowError(self.name, f"unusable reference_answer: {bad[row['reference_answer']]}")
                 else:
                     if row["final_answer"] is None:
                         counters["no_final_answer"] += 1

@@ -1,0 +1,75 @@
+"""The ``stepkit`` command line: a thin click layer over the stages, one module per command.
+
+``COMMANDS`` is the one registry: a command's module is imported only when that command runs (or its
+``--help`` is shown), so ``stepkit --help`` imports no pyarrow, torch or vLLM (click's lazy group,
+vLLM's ``entrypoints/cli/``). A command module defines ``command`` (a click command or group) and,
+for a stage that writes columns, ``VIEW`` (a :class:`stepkit.views.StageView` for ``stats``/``show``).
+Every :class:`stepkit.errors.StepkitError` becomes one ``error: ...`` line on stderr and exit status 1.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import click
+
+from stepkit import __version__
+
+# name -> (module, one-line summary for `stepkit --help`). Adding a command is one line here.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "ingest": ("stepkit.cli.ingest", "Convert FILE (format FORMAT) into a Parquet shard OUT."),
+    "rollout": ("stepkit.cli.rollout", "Sample N solutions per problem of PROBLEMS into OUT."),
+    "mc-label": ("stepkit.cli.mc_label", "Monte Carlo value of every step prefix (Math-Shepherd / OmegaPRM)."),
+    "judge": ("stepkit.cli.judge", "LLM-as-judge step labels (ProcessBench critic prompt, majority vote)."),
+    "eval": ("stepkit.cli.evaluate", "Score step labels: ProcessBench F1, agreement of two labelers."),
+    "stats": ("stepkit.cli.stats", "Summary of a shard: rows, steps, outcomes, each stage's figures."),
+    "show": ("stepkit.cli.show", "Show one trajectory: each step with every stage's labels."),
+    "models": ("stepkit.cli.models", "Bundled models (real weights shipped in a package; no downloads)."),
+}
+
+
+def load_command_module(name: str):
+    """The module of command ``name`` (imported on first use)."""
+    return importlib.import_module(COMMANDS[name][0])
+
+
+def stage_views() -> list:
+    """Every registered command's :class:`~stepkit.views.StageView`, in registry order."""
+    views = (getattr(load_command_module(name), "VIEW", None) for name in COMMANDS)
+    return [v for v in views if v is not None]
+
+
+class _LazyGroup(click.Group):
+    """Loads a command's module only when it is called; turns StepkitError into one clear line."""
+
+    def list_commands(self, ctx):
+        return list(COMMANDS)
+
+    def get_command(self, ctx, name):
+        if name not in COMMANDS:
+            return None
+        return load_command_module(name).command
+
+    def format_commands(self, ctx, formatter):
+        """The command list from the registry's summaries, without importing any command module."""
+        with formatter.section("Commands"):
+            formatter.write_dl([(name, summary) for name, (_, summary) in COMMANDS.items()])
+
+    def invoke(self, ctx):
+        from stepkit.errors import StepkitError
+
+        try:
+            return super().invoke(ctx)
+        except StepkitError as e:
+            click.echo(f"error: {e}", err=True)
+            sys.exit(1)
+
+
+@click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, prog_name="stepkit")
+def main():
+    """Build step-labeled datasets for process reward models (PRMs).
+
+    Stages read and write Parquet shards: ingest -> rollout -> mc-label / judge -> eval, stats, show.
+    """

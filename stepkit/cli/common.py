@@ -1,0 +1,125 @@
+"""Option groups and helpers shared by the command modules (engine, sampling, runner options).
+
+Every option here is generated from a config dataclass (:mod:`stepkit.options`): the sampling options
+from :class:`~stepkit.engines.base.SamplingConfig`, each engine's options from its ``Options``, the
+runner's from :class:`~stepkit.runner.RunOptions`. This module imports no pyarrow, torch or vLLM.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import click
+
+from stepkit.engines.base import ENGINES, EngineSpec, SamplingConfig, engine_class
+from stepkit.options import click_options, from_params, given_on_command_line
+
+
+def _run_options_class():
+    from stepkit.runner import RunOptions
+
+    return RunOptions
+
+
+def runner_options(f):
+    """Options every model stage shares (chunks, resume, sharding, error budget, progress)."""
+    return click_options(_run_options_class())(f)
+
+
+def engine_options(f=None, *, temperature: float = 0.8, max_tokens: int = 256):
+    """``--model``, ``--engine``, the sampling options and every engine's own options.
+
+    Use as ``@engine_options`` or ``@engine_options(temperature=..., max_tokens=...)`` for a command's
+    own defaults. :func:`engine_spec` refuses an option of another engine than the chosen one.
+    """
+    if f is None:
+        return lambda g: engine_options(g, temperature=temperature, max_tokens=max_tokens)
+    for name in reversed(list(ENGINES)):
+        f = click_options(engine_class(name).Options)(f)
+    f = click_options(SamplingConfig, defaults={"temperature": temperature, "max_tokens": max_tokens})(f)
+    f = click.option("--engine", type=click.Choice(list(ENGINES)), default="vllm", show_default=True)(f)
+    f = click.option("--model", "-m", required=True,
+                     help="Bundled model name (smollm2-135m), a local model folder, or the served model name.")(f)
+    return f
+
+
+def engine_spec(kw: dict) -> EngineSpec:
+    """The :class:`EngineSpec` the engine options in ``kw`` describe (nothing is loaded).
+
+    Raises:
+        click.UsageError: an option of another engine was given (it would be silently unused).
+        ConfigError: a value the chosen engine refuses (e.g. ``--engine openai`` without ``--base-url``).
+    """
+    name = kw["engine"]
+    ctx = click.get_current_context()
+    own = {f.name for f in dataclasses.fields(engine_class(name).Options)}
+    for other in ENGINES:
+        for f in dataclasses.fields(engine_class(other).Options):
+            if f.name not in own and f.name in kw and given_on_command_line(ctx, f.name):
+                flag = next(p.opts[0] for p in ctx.command.params if p.name == f.name)
+                raise click.UsageError(f"{flag} is an option of --engine {other}; this run uses --engine {name}")
+    options = {k: kw[k] for k in own if k in kw}
+    return EngineSpec(name, kw["model"], kw["seed"], options)
+
+
+def sampling(kw: dict, stop=(), **overrides) -> SamplingConfig:
+    """The :class:`SamplingConfig` from the sampling options in ``kw`` with ``stop`` strings."""
+    return from_params(SamplingConfig, kw, stop=tuple(stop), **overrides)
+
+
+def run(stage, inp, out, kw: dict, title: str) -> None:
+    """Run ``stage`` with the runner options in ``kw`` and print the summary table."""
+    from stepkit.runner import plan_run, LocalExecutor
+
+    opts = from_params(_run_options_class(), kw)
+    plans = plan_run(stage, inp, out, opts)
+    results = LocalExecutor().run(stage, plans, opts)
+    if not results:
+        click.echo(f"{title}: no shard for --rank {opts.rank} of --world-size {opts.world_size}; nothing to do",
+                   err=True)
+        return
+    print_results(results, title)
+
+
+def check_json_path(ctx, param, value):
+    """--json must name a .json file, so a report can never overwrite a shard."""
+    if value is not None and not value.endswith(".json"):
+        raise click.BadParameter(f"{value}: the report file must end in .json")
+    return value
+
+
+def write_json_report(path, doc) -> None:
+    """Write a report; one clear line when the path cannot be written."""
+    from pathlib import Path
+
+    from stepkit.errors import StepkitError
+    from stepkit.shards import write_json
+
+    p = Path(path)
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        write_json(p, doc)
+    except OSError as e:
+        raise StepkitError(f"{p}: cannot write the report ({e.strerror or e})") from None
+
+
+def print_results(results, title: str) -> None:
+    """Summary table at the end of a run: one column per shard, one row per figure."""
+    from rich.table import Table
+
+    from stepkit.views import make_console
+
+    t = Table(title=title)
+    t.add_column("")
+    for r in results:
+        t.add_column(r.output.name, justify="right")
+    rows = [("status", lambda r: r.status), ("rows", lambda r: r.rows), ("rows with error", lambda r: r.errors),
+            ("chunks resumed / total", lambda r: f"{r.resumed_chunks}/{r.chunks}"),
+            ("tokens generated (this run)", lambda r: r.tokens),
+            ("tokens/s", lambda r: f"{r.tokens / r.seconds:.0f}" if r.seconds > 0 and r.tokens else "-"),
+            ("seconds (this run)", lambda r: f"{r.seconds:.1f}")]
+    for k in sorted({k for r in results for k in r.counters if k != "errors"}):
+        rows.append((k.replace("_", " "), lambda r, k=k: r.counters.get(k, "")))
+    for name, fn in rows:
+        t.add_row(name, *[str(fn(r)) for r in results])
+    make_console(stderr=True).print(t)

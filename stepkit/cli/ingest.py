@@ -1,0 +1,34 @@
+"""``stepkit ingest``: source files into problem or trajectory shards (:mod:`stepkit.stages.ingest`)."""
+
+from __future__ import annotations
+
+import click
+
+from stepkit.options import click_options, from_params
+from stepkit.stages.ingest import FORMATS, IngestOptions
+
+
+@click.command("ingest")
+@click.argument("fmt", metavar="FORMAT", type=click.Choice(list(FORMATS)))
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.argument("out", type=click.Path(dir_okay=False))
+@click_options(IngestOptions)
+def command(fmt, file, out, **kw):
+    """Convert FILE (format FORMAT) into a Parquet shard OUT.
+
+    \b
+    Formats:
+      gsm8k            GSM8K problems (question, answer with #### N)      -> problems shard
+      gsm8k-solutions  GSM8K example model solutions, one row/generator    -> trajectories
+      processbench     ProcessBench gsm8k.json / math.json (human labels) -> trajectories
+      jsonl, parquet   any rows, mapped with the --*-col options            -> trajectories
+    """
+    from stepkit.grading.verify import AnswerChecker, checker_settings
+    from stepkit.stages.ingest import ingest
+    from stepkit.views import make_console
+
+    opts = from_params(IngestOptions, kw)
+    with AnswerChecker() as checker:
+        manifest = ingest(fmt, file, out, opts, checker, checker_settings())
+    counts = ", ".join(f"{k} = {v}" for k, v in manifest["counts"].items())
+    make_console(stderr=True).print(f"[green]wrote[/green] {out} ({counts})", markup=True, highlight=False)

@@ -1,0 +1,112 @@
+"""``stepkit mc-label``: the command and its ``stats``/``show`` view (the method: :mod:`stepkit.stages.mc_label`)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import click
+from rich.table import Table
+
+from stepkit.cli.common import engine_options, engine_spec, run, runner_options, sampling
+from stepkit.options import click_options, from_params
+from stepkit.shards import read_manifest
+from stepkit.stages.mc_label import MCLabelConfig
+from stepkit.views import StageView
+
+
+@click.command("mc-label")
+@click.argument("inp", metavar="IN", type=click.Path())
+@click.argument("out", metavar="OUT", type=click.Path())
+@click_options(MCLabelConfig)
+@engine_options
+@runner_options
+def command(inp, out, **kw):
+    """Monte Carlo value of every step prefix of the trajectories in IN (Math-Shepherd / OmegaPRM).
+
+    For each prefix steps[:i], K continuations are sampled and graded against the reference answer;
+    writes mc_rollouts, mc_successes, mc_truncated, mc_value, mc_label, mc_progress, mc_first_error ...
+    """
+    from stepkit.prompts import DEFAULT_STOP
+    from stepkit.stages.mc_label import MCLabelStage
+
+    cfg = from_params(MCLabelConfig, kw)
+    stage = MCLabelStage(cfg, engine_spec(kw), sampling(kw, DEFAULT_STOP + cfg.stop))
+    run(stage, inp, out, kw, "mc-label")
+
+
+def _mc_tables(rows, console, figs, shards):
+    """mc-label's part of ``stats``: value by step position, first-error histogram, status and continuations."""
+    status = Counter(r.get("mc_status") for r in rows)
+    figs["mc_status"] = dict(status)
+    by_pos: dict[int, list[float]] = {}
+    trunc = sum(sum(r.get("mc_truncated") or []) for r in rows)
+    cont = sum(sum(r.get("mc_rollouts") or []) for r in rows)
+    for r in rows:
+        for s, v in enumerate(r.get("mc_value") or []):
+            if v is not None and s < len(r["steps"]) - 1:  # the last value is the graded outcome
+                by_pos.setdefault(s, []).append(v)
+    t = Table(title="MC value by step position (estimated prefixes; last step = outcome excluded)")
+    for c in ("step", "n", "mean value", "share == 0", "share == 1"):
+        t.add_column(c, justify="right")
+    figs["value_by_position"] = {}
+    for s in sorted(by_pos):
+        vs = by_pos[s]
+        figs["value_by_position"][s] = sum(vs) / len(vs)
+        t.add_row(str(s), str(len(vs)), f"{sum(vs) / len(vs):.3f}", f"{sum(v == 0 for v in vs) / len(vs):.2f}",
+                  f"{sum(v == 1 for v in vs) / len(vs):.2f}")
+    console.print(t)
+    # ungraded rows were never labelled: they are in the status counts, not in the histogram
+    fe = Counter(r.get("mc_first_error") for r in rows if r.get("mc_status") in ("ok", "no_signal"))
+    figs["first_error_histogram"] = {str(k): v for k, v in fe.items()}
+    h = Table(title="first error (mc_first_error)")
+    h.add_column("step")
+    h.add_column("rows", justify="right")
+    for k in sorted(fe, key=lambda x: (x is None, x if x is not None else 0)):
+        h.add_row("none (-1)" if k == -1 else "no signal" if k is None else str(k), str(fe[k]))
+    console.print(h)
+    s = Table(title="MC labelling", show_header=False)
+    s.add_row("status", ", ".join(f"{k}: {v}" for k, v in status.items()))
+    counts = [m.get("counts", {}) for m in map(read_manifest, shards) if m and m.get("stage") == "mc-label"]
+    if counts:  # the manifests count v_0's continuations too
+        cont = sum(c.get("continuations", 0) for c in counts)
+        trunc = sum(c.get("truncated", 0) for c in counts)
+    s.add_row("continuations (incl. v0)" if counts else "continuations from step prefixes", str(cont))
+    s.add_row("truncated (excluded from values)", str(trunc))
+    figs["continuations"], figs["truncated"] = cont, trunc
+    console.print(s)
+
+
+def _fmt(x, digits=2):
+    return "-" if x is None else f"{x:.{digits}f}"
+
+
+def _header(row):
+    return (f"v0 (bare problem) = {_fmt(row.get('mc_value_start'))}   status {row.get('mc_status')}   "
+            f"first error {'-' if row.get('mc_first_error') is None else row['mc_first_error']}")
+
+
+def _step_columns(row):
+    if not row.get("mc_value"):
+        return []
+    return [(c, "right") for c in ("succ/roll", "trunc", "value", "progress", "label")]
+
+
+def _value_style(v) -> str:
+    if v is None:
+        return "dim"
+    return "green" if v >= 0.5 else "yellow" if v > 0 else "red"
+
+
+def _step_cells(row, s):
+    v = row["mc_value"][s]
+    est = (row.get("mc_estimated") or [True] * len(row["steps"]))[s]
+    last = s == len(row["steps"]) - 1
+    lab = row["mc_label"][s] if row.get("mc_label") else None
+    cells = ["outcome" if last else f"{row['mc_successes'][s]}/{row['mc_rollouts'][s]}",
+             str(row["mc_truncated"][s]), _fmt(v), _fmt(row["mc_progress"][s]),
+             ("?" if lab is None else "ok" if lab else "WRONG") + ("" if est else " (inferred)")]
+    return cells, "bold red" if row.get("mc_first_error") == s else _value_style(v)
+
+
+VIEW = StageView(marker="mc_value", stats=_mc_tables, status_column="mc_status", header=_header,
+                 step_columns=_step_columns, step_cells=_step_cells)

@@ -1,0 +1,20 @@
+"""``stepkit show``: one trajectory, each step with every stage's labels (each stage's ``VIEW``)."""
+
+from __future__ import annotations
+
+import click
+
+
+@click.command("show")
+@click.argument("shard", type=click.Path())
+@click.option("--id", "row_id", default=None, help="Row id (default: the first row).")
+@click.option("--index", type=click.IntRange(0), default=None, help="Row index instead of an id.")
+@click.option("--status", default=None,
+              help="Only rows with this status in some stage's status column: mc_status (ok, no_signal, "
+                   "ungraded) or judge_status (ok, parse_failure).")
+def command(shard, row_id, index, status):
+    """Show one trajectory: each step with its MC counts, value and label, colored, and the judge's verdict."""
+    from stepkit.cli import stage_views
+    from stepkit.views import print_row
+
+    print_row(shard, row_id, index, status, stage_views())
