@@ -13,9 +13,9 @@ export VLLM_LOGGING_LEVEL ?= ERROR
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: setup model demo test test-fast bench clean help
+.PHONY: setup model demo test test-fast lint bench clean help
 help:
-	@echo "make setup | model | demo | test | test-fast | bench | clean"
+	@echo "make setup | model | demo | test | test-fast | lint | bench | clean"
 
 setup: $(VENV)/.stepkit-setup
 $(VENV)/.stepkit-setup: pyproject.toml
@@ -39,10 +39,13 @@ demo: model
 	$(BIN)/stepkit stats out/demo/labeled.parquet
 	$(BIN)/stepkit show out/demo/labeled.parquet --status ok
 
-test: model
+lint: setup
+	$(BIN)/ruff check stepkit tests bench
+
+test: model lint
 	$(BIN)/python -m pytest -q tests
 
-test-fast: setup
+test-fast: setup lint
 	$(BIN)/python -m pytest -q tests -m "not engine"
 
 bench: model

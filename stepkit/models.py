@@ -23,9 +23,9 @@ import os
 import shutil
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from stepkit.errors import ConfigError
 
@@ -126,13 +126,12 @@ def _sha256(path: Path) -> str:
 def _convert(source: Path, out: Path) -> None:
     """Convert a GGUF checkpoint to a bf16 safetensors folder (model, config, tokenizer)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from transformers.utils import logging as hf_logging
-
     import functools
 
+    import torch
     import transformers.modeling_gguf_pytorch_utils as gguf_utils
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()  # the GGUF loader warns about dtype; nothing actionable
     hf_logging.disable_progress_bar()
@@ -207,7 +206,7 @@ def prepare_model(name: str, force: bool = False, log: Callable[[str], None] = p
         raise ConfigError(f"cannot create the model cache {target.parent} ({exc.strerror or exc}); "
                           f"set STEPKIT_CACHE to a writable folder") from None
     log(f"preparing model {name} from {source} into {target} ...")
-    started = _dt.datetime.now(_dt.timezone.utc)
+    started = _dt.datetime.now(_dt.UTC)
     tmp = Path(tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=target.parent))
     try:
         try:
@@ -220,7 +219,7 @@ def prepare_model(name: str, force: bool = False, log: Callable[[str], None] = p
             "name": name,
             "source": str(source),
             "sha256": _sha256(source),
-            "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
             "dtype": "bfloat16",
         }
         (tmp / MARKER).write_text(json.dumps(marker, indent=2) + "\n")
@@ -241,7 +240,7 @@ def prepare_model(name: str, force: bool = False, log: Callable[[str], None] = p
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
-    seconds = (_dt.datetime.now(_dt.timezone.utc) - started).total_seconds()
+    seconds = (_dt.datetime.now(_dt.UTC) - started).total_seconds()
     log(f"prepared model {name} in {seconds:.0f} s: {target}")
     return target
 

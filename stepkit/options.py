@@ -30,8 +30,9 @@ import math
 import os
 import types
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from stepkit.errors import ConfigError
 
@@ -115,21 +116,28 @@ class Config:
             object.__setattr__(self, f.name, check_field(type(self), f.name, getattr(self, f.name)))
 
 
-def _check_value(name: str, v: Any, base: type, m: Opt) -> None:
+def _check_value(name: str, v: Any, base: type, m: Opt) -> Any:
+    """``v`` checked against the field's type and bounds; an int given for a float field becomes a float
+    (so ``temperature: 1`` in a recipe and ``--temperature 1`` on the command line are one configuration)."""
     if base is bool:
         if not isinstance(v, bool):
             raise ConfigError(f"{name} must be true or false, got {v!r:.60}")
-        return
+        return v
     if base in (int, float):
         if isinstance(v, bool) or not isinstance(v, (int, float)) or (base is int and not isinstance(v, int)):
             raise ConfigError(f"{name} must be {'an integer' if base is int else 'a number'}, got {v!r:.60}")
-        if isinstance(v, float) and not math.isfinite(v):
-            raise ConfigError(f"{name} must be a finite number, got {v}")
+        if base is float:
+            try:
+                v = float(v)
+            except OverflowError:
+                raise ConfigError(f"{name} must be a finite number, got a {len(str(v))}-digit integer") from None
+            if not math.isfinite(v):
+                raise ConfigError(f"{name} must be a finite number, got {v}")
         if m.min is not None and (v < m.min or (m.min_open and v == m.min)):
-            raise ConfigError(f"{name} must be {'>' if m.min_open else '>='} {m.min:g}, got {v}")
+            raise ConfigError(f"{name} must be {'>' if m.min_open else '>='} {m.min}, got {str(v)[:40]}")
         if m.max is not None and v > m.max:
-            raise ConfigError(f"{name} must be <= {m.max:g}, got {v}")
-        return
+            raise ConfigError(f"{name} must be <= {m.max}, got {str(v)[:40]}")
+        return v
     if base is str:
         if not isinstance(v, str):
             raise ConfigError(f"{name} must be text, got {v!r:.60}")
@@ -137,6 +145,7 @@ def _check_value(name: str, v: Any, base: type, m: Opt) -> None:
             raise ConfigError(f"{name} must be one of {', '.join(m.choices)}, got {v!r:.60}")
         if m.file and not os.path.isfile(v):
             raise ConfigError(f"{name}: {v}: no such file")
+    return v
 
 
 def flag_of(f: dataclasses.Field) -> str:
@@ -266,11 +275,8 @@ def check_field(cls, name: str, value: Any) -> Any:
                     raise ConfigError(f"{flag_of(f)} needs a value")
                 return value
             if multiple:
-                if not isinstance(value, (list, tuple)):
+                if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
                     raise ConfigError(f"{flag_of(f)} takes a list of values, got {value!r:.60}")
-                for v in value:
-                    _check_value(flag_of(f), v, base, _meta(f))
-                return tuple(value)
-            _check_value(flag_of(f), value, base, _meta(f))
-            return value
+                return tuple(_check_value(flag_of(f), v, base, _meta(f)) for v in value)
+            return _check_value(flag_of(f), value, base, _meta(f))
     raise ConfigError(f"unknown option {name!r}")

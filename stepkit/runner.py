@@ -44,9 +44,20 @@ from stepkit import __version__
 from stepkit.errors import ConfigError, InputError, RowError, StepkitError
 from stepkit.options import Config, identity, opt
 from stepkit.schema import check_columns, check_steps, check_values, error_reason
-from stepkit.shards import (config_hash, file_sha256, iter_row_chunks, list_shards, manifest_path,
-                            open_parquet, output_path, read_manifest, rows_to_table, select_shards,
-                            write_json, write_table)
+from stepkit.shards import (
+    config_hash,
+    file_sha256,
+    iter_row_chunks,
+    list_shards,
+    manifest_path,
+    open_parquet,
+    output_path,
+    read_manifest,
+    rows_to_table,
+    select_shards,
+    write_json,
+    write_table,
+)
 
 
 @dataclass(frozen=True)
@@ -256,13 +267,18 @@ class ShardResult:
     counters: dict[str, int] = field(default_factory=dict)
 
 
-def _identity(stage: Stage, input_hash: str, chunk_size: int, side_hashes: dict[str, list[str]]) -> dict[str, Any]:
+def _identity(stage: Stage, input_hash: str, chunk_size: int, side_hashes: dict[str, list[str]],
+              side_outputs: list[str]) -> dict[str, Any]:
     cfg = stage.config()
-    key = [stage.name, input_hash, cfg, chunk_size] + ([side_hashes] if side_hashes else [])
+    key = [stage.name, input_hash, cfg, chunk_size]
+    if side_hashes or side_outputs:  # (absent for a stage with neither: older manifests keep their hash)
+        key += [side_hashes, sorted(side_outputs)]
     ident = {"stage": stage.name, "input_sha256": input_hash, "config": cfg, "chunk_size": chunk_size,
              "config_hash": config_hash(key)}
     if side_hashes:
         ident["side_inputs_sha256"] = side_hashes
+    if side_outputs:
+        ident["side_outputs"] = sorted(side_outputs)
     return ident
 
 
@@ -271,6 +287,8 @@ def _describe_change(old: dict, new: dict) -> str:
         return "the input file changed"
     if old.get("side_inputs_sha256") != new.get("side_inputs_sha256"):
         return "a side input changed"
+    if old.get("side_outputs") != new.get("side_outputs"):
+        return f"side outputs {old.get('side_outputs') or []} -> {new.get('side_outputs') or []}"
     if old.get("chunk_size") != new.get("chunk_size"):
         return f"chunk size {old.get('chunk_size')} -> {new.get('chunk_size')}"
     a, b = old.get("config", {}), new.get("config", {})
@@ -295,6 +313,7 @@ def plan_run(stage: Stage, in_path: str | os.PathLike, out_path: str | os.PathLi
     sides_out = stage.side_outputs()
     sides_in = {name: (side, _load_side_input(name, side)) for name, side in stage.side_inputs().items()}
     side_hashes = {name: [file_sha256(p) for p in paths] for name, (side, (paths, _)) in sides_in.items()}
+    read_only = {p.resolve() for _, (paths, _) in sides_in.values() for p in paths}  # never written
     plans = []
     for shard in select_shards(list_shards(in_path), opts.rank, opts.world_size):
         pf = open_parquet(shard)
@@ -308,19 +327,24 @@ def plan_run(stage: Stage, in_path: str | os.PathLike, out_path: str | os.PathLi
             check_columns(schema, (col,), shard)
         for first, rows in iter_row_chunks(shard, 1024, columns=columns or None):
             stage.validate(rows, shard, first)
-            for name, (side, (paths, table)) in sides_in.items():
+            for name, (side, (_, table)) in sides_in.items():
                 _check_joined(rows, first, shard, name, side, table)
         out = output_path(shard, in_path, out_path)
+        if out.resolve() in read_only:
+            raise ConfigError(f"{out}: OUT is a side input of this run; write the output somewhere else")
         _check_writable(out, shard)
         side_paths = {}
         for name, side in sides_out.items():
             p = output_path(shard, in_path, Path(side.path))
-            if p.resolve() in (out.resolve(), shard.resolve()) or p.resolve() in (q.resolve() for q in side_paths.values()):
-                raise ConfigError(f"{p}: the {name} output would overwrite IN, OUT or another output; give it its own path")
+            taken = {out.resolve(), shard.resolve(), *read_only, *(q.resolve() for q in side_paths.values())}
+            if p.resolve() in taken:
+                raise ConfigError(f"{p}: the {name} output would overwrite IN, OUT, a side input or another "
+                                  "output; give it its own path")
             _check_writable(p, shard)
             side_paths[name] = p
-        plan = ShardPlan(shard, out, schema, pf.metadata.num_rows, _identity(stage, file_sha256(shard), chunk_size, side_hashes),
-                         side_outputs=side_paths, side_inputs={n: paths for n, (_, (paths, _)) in sides_in.items()})
+        ident = _identity(stage, file_sha256(shard), chunk_size, side_hashes, list(sides_out))
+        plan = ShardPlan(shard, out, schema, pf.metadata.num_rows, ident, side_outputs=side_paths,
+                         side_inputs={n: paths for n, (_, (paths, _)) in sides_in.items()})
         _check_existing(plan, opts.force)
         plans.append(plan)
     return plans
@@ -336,15 +360,24 @@ def _check_existing(plan: ShardPlan, force: bool) -> None:
         if done is None:
             raise ConfigError(f"{out}: exists but has no readable stepkit manifest; use --force to replace it")
         if done.get("identity", {}).get("config_hash") == ident["config_hash"]:
-            missing = [str(p) for p in plan.side_outputs.values() if not p.exists()]
-            if missing:
-                raise ConfigError(f"{out}: is finished, but its side output {missing[0]} is missing; "
-                                  "use --force to redo the shard")
+            for name, p in plan.side_outputs.items():
+                side = read_manifest(p) if p.exists() else None
+                if side is None or side.get("side_output_of") != str(out) or \
+                        side.get("identity", {}).get("config_hash") != ident["config_hash"]:
+                    raise ConfigError(f"{out}: is finished, but its {name} output {p} is "
+                                      f"{'missing' if not p.exists() else 'not the one this run wrote'}; "
+                                      "use --force to redo the shard")
             plan.status, plan.done_rows = "up to date", done.get("counts", {}).get("rows", 0)
+            shutil.rmtree(_parts_dir(out), ignore_errors=True)  # left by a kill after OUT was written
             return
         old = {**done.get("identity", {}), "config": done.get("config", {})}
         raise ConfigError(f"{out}: exists from a different configuration "
                           f"({_describe_change(old, ident)}); use --force to redo it")
+    for name, p in plan.side_outputs.items():  # a side output never replaces a file it did not write
+        side = read_manifest(p) if p.exists() else None
+        if p.exists() and (side is None or side.get("side_output_of") != str(out)):
+            raise ConfigError(f"{p}: exists and is not the {name} output of {out}; use --force to replace it, "
+                              "or give the side output another path")
     run_file = _parts_dir(out) / "run.json"
     if _parts_dir(out).exists():
         try:
@@ -366,6 +399,9 @@ def _load_side_input(name: str, side: SideInput) -> tuple[list[Path], dict[Any, 
         for first, rows in iter_row_chunks(p, 1024, columns=cols):
             for i, r in enumerate(rows):
                 k = r[side.key]
+                if isinstance(k, (list, dict)):
+                    raise InputError(p, f"the {name} input's key must be a scalar, got {type(k).__name__}",
+                                     row=first + i, column=side.key)
                 if k is None:
                     raise InputError(p, f"null key in the {name} input", row=first + i, column=side.key)
                 if k in table:
@@ -401,10 +437,8 @@ class LocalExecutor(Executor):
                 if plan.status == "up to date":
                     results.append(ShardResult(plan.input, plan.output, "up to date", rows=plan.done_rows))
                     continue
-                if not opened:
-                    stage.open()
-                    opened = True
-                results.append(run_shard(stage, plan, opts, console))
+                results.append(run_shard(stage, plan, opts, console, open_stage=not opened))
+                opened = True
         finally:
             if opened:
                 stage.close()
@@ -494,33 +528,41 @@ def _part(parts: Path, i: int, kind: str = "part", suffix: str = "parquet") -> P
     return parts / f"{kind}-{i:05d}.{suffix}"
 
 
-def _attribute_errors(stage: Stage, rows: list[dict], out_rows: list[dict]) -> tuple[int, int]:
-    """Count each :class:`RowError` as this stage's; return (this stage's errors, upstream errors).
+def _attribute_errors(stage: Stage, before: list, out_rows: list[dict]) -> tuple[int, int, dict[str, int]]:
+    """Count each :class:`RowError` as this stage's: ``(own errors, upstream errors, own errors by reason)``.
+
+    ``before`` holds the input rows' ``error`` values, taken before :meth:`Stage.process` ran.
 
     Raises:
-        StepkitError: the stage put a plain string in ``error`` of a row that had none (an internal
-            error: stage errors must be ``RowError`` so they are counted).
+        StepkitError: a plain string in ``error`` that no input row had (an internal error: stage
+            errors must be ``RowError`` so they are counted).
     """
     own = upstream = 0
+    reasons: dict[str, int] = {}
+    known = set(before) - {None}
     for k, r in enumerate(out_rows):
         err = r.get("error")
         if isinstance(err, RowError):
             r["error"] = str(err)
             own += 1
+            reasons[error_reason(r["error"])] = reasons.get(error_reason(r["error"]), 0) + 1
         elif err:
             upstream += 1
-            if stage.one_to_one and err != rows[k].get("error"):
+            if (before[k] if stage.one_to_one else (err if err in known else None)) != err:
                 raise StepkitError(f"{stage.name}: internal error, row {k} got a plain-string error; "
                                    "a stage marks its errors with RowError")
-    return own, upstream
+    return own, upstream, reasons
 
 
-def run_shard(stage: Stage, plan: ShardPlan, opts: RunOptions, console=None) -> ShardResult:
+def run_shard(stage: Stage, plan: ShardPlan, opts: RunOptions, console=None, open_stage: bool = False) -> ShardResult:
     """Run one planned shard to its finished output (resuming from committed parts), under a lock.
 
-    The stage must be open. Raises StepkitError when the shard's error rate exceeds ``max_error_rate``
-    (committed parts are kept)."""
+    The stage must be open, or ``open_stage`` opens it once the lock is held (so a second run of the
+    same OUT is refused before it loads a model). Raises StepkitError when the shard's error rate
+    exceeds ``max_error_rate`` (committed parts are kept)."""
     with _OutputLock(plan.output):
+        if open_stage:
+            stage.open()
         return _run_shard(stage, plan, opts, console)
 
 
@@ -561,6 +603,7 @@ def _run_shard(stage: Stage, plan: ShardPlan, opts: RunOptions, console) -> Shar
                 col = side.on or side.key
                 for r in rows:
                     r[f"_{name}"] = table.get(r.get(col))
+            before = [r.get("error") for r in rows]
             out_rows, counters, *side = stage.process(rows)
             side_rows = side[0] if side else {}
             if stage.one_to_one and len(out_rows) != len(rows):
@@ -568,13 +611,17 @@ def _run_shard(stage: Stage, plan: ShardPlan, opts: RunOptions, console) -> Shar
             unknown = set(side_rows) - set(side_schemas)
             if unknown:
                 raise StepkitError(f"{stage.name}: internal error, rows for undeclared side output(s) {sorted(unknown)}")
-            own, upstream = _attribute_errors(stage, rows, out_rows)
+            own, upstream, own_reasons = _attribute_errors(stage, before, out_rows)
             counters = {**counters, "errors": own, "upstream_errors": upstream}
+            tables = {name: _stage_table(stage, side_rows.get(name, []), schema, f"its {name} output")
+                      for name, schema in side_schemas.items()}
+            main = _stage_table(stage, out_rows, out_schema, "its output")
             # Side tables and counters first, rows last: the main part's .parquet marks the chunk committed.
-            for name, schema in side_schemas.items():
-                write_table(_part(parts, i, name), rows_to_table(side_rows.get(name, []), schema))
-            write_json(_part(parts, i, suffix="json"), {"rows": len(out_rows), "counters": counters})
-            write_table(_part(parts, i), rows_to_table(out_rows, out_schema))
+            for name, table in tables.items():
+                write_table(_part(parts, i, name), table)
+            write_json(_part(parts, i, suffix="json"), {"rows": len(out_rows), "counters": counters,
+                                                        "error_reasons": own_reasons})
+            write_table(_part(parts, i), main)
             _log(parts, event="chunk_commit", chunk=i, rows=len(out_rows))
             bar.advance(len(rows), stage.tokens_generated() - tokens0)
     result.seconds = time.time() - t0
@@ -582,17 +629,15 @@ def _run_shard(stage: Stage, plan: ShardPlan, opts: RunOptions, console) -> Shar
 
     # Totals over all parts, including those committed by an earlier (killed) run.
     totals: dict[str, int] = {}
-    reasons: dict[str, int] = {}
+    reasons: dict[str, int] = {}  # this stage's errors only; upstream ones are counted in upstream_errors
     tables = []
     for i in range(n_chunks):
         meta = json.loads(_part(parts, i, suffix="json").read_text())
         for k, v in meta["counters"].items():
             totals[k] = totals.get(k, 0) + v
-        t = open_parquet(_part(parts, i)).read()
-        tables.append(t)
-        for err in t.column("error").to_pylist() if "error" in t.column_names else []:
-            if err:
-                reasons[error_reason(err)] = reasons.get(error_reason(err), 0) + 1
+        for k, v in meta.get("error_reasons", {}).items():
+            reasons[k] = reasons.get(k, 0) + v
+        tables.append(open_parquet(_part(parts, i)).read())
     table = pa.concat_tables(tables) if tables else rows_to_table([], out_schema)
     result.rows, result.errors, result.counters = table.num_rows, totals.get("errors", 0), totals
     if result.rows and result.errors / result.rows > opts.max_error_rate:
@@ -625,13 +670,24 @@ def _run_shard(stage: Stage, plan: ShardPlan, opts: RunOptions, console) -> Shar
             path = plan.side_outputs[name]
             side_manifest = {**manifest, "side_output": name, "side_output_of": str(out),
                              "output": {"path": str(path), "rows": side_table.num_rows}}
-            write_table(path, side_table, metadata=side_manifest)
             write_json(manifest_path(path), side_manifest)
+            write_table(path, side_table, metadata=side_manifest)
             manifest["side_outputs"][name] = {"path": str(path), "rows": side_table.num_rows}
-    write_table(out, table, metadata=manifest)
+    # The manifest beside OUT first, OUT last: OUT appearing (atomically) is what marks the shard finished,
+    # and a kill between the two leaves the parts to finish from.
     write_json(manifest_path(out), manifest)
+    write_table(out, table, metadata=manifest)
     shutil.rmtree(parts)
     return result
+
+
+def _stage_table(stage: Stage, rows: list[dict], schema: pa.Schema, what: str) -> pa.Table:
+    """Rows the stage produced as a table; a value that does not fit is the stage's bug, not bad input."""
+    try:
+        return rows_to_table(rows, schema)
+    except InputError as e:
+        raise StepkitError(f"{stage.name}: internal error, {what} does not fit its schema "
+                           f"({str(e).removeprefix('<rows>: ')})") from None
 
 
 def _load_side_tables(stage: Stage, plan: ShardPlan) -> dict[str, tuple[SideInput, dict]]:

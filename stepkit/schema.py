@@ -4,7 +4,7 @@ Shards are never typed by inference from their first rows: a shard whose list co
 lists would otherwise be typed ``list<null>`` and refuse to load beside other shards
 (case ``shard-empty-lists-null-type``). Every writer passes one of the schemas below.
 
-Two kinds of shard (``../shared/design.md``, "Record schema"):
+Two kinds of shard (``docs/architecture.md``, "Records"):
 
 * **problems**: :data:`PROBLEM_FIELDS`, written by ``ingest gsm8k`` and read by ``rollout``.
 * **trajectories**: :data:`TRAJECTORY_FIELDS`, one row per solution; labelers add their own

@@ -13,8 +13,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -103,12 +104,18 @@ def read_rows(path: Path, columns: list[str] | None = None) -> list[dict[str, An
 
 
 def read_manifest(shard: Path) -> dict[str, Any] | None:
-    """The manifest of a finished shard, or None if it has none or it cannot be read."""
+    """The manifest of a finished shard: the ``<stem>.manifest.json`` beside it, else the copy in the
+    Parquet file's key-value metadata; None if it has neither or they cannot be read."""
     mp = manifest_path(shard)
     try:
         doc = json.loads(mp.read_text())
     except (OSError, ValueError):
-        return None
+        doc = None
+        try:
+            meta = pq.read_schema(shard).metadata or {}
+            doc = json.loads(meta[b"stepkit"]) if b"stepkit" in meta else None
+        except (OSError, ValueError, pa.ArrowException):
+            pass
     return doc if isinstance(doc, dict) else None
 
 

@@ -8,12 +8,12 @@ adding a stage touches no branch here (``docs/architecture.md``, "Adding a stage
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from rich.console import Console
-from rich.table import Table
 from rich.markup import escape
+from rich.table import Table
 from rich.text import Text
 
 from stepkit.errors import InputError

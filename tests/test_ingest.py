@@ -49,8 +49,8 @@ def test_gsm8k_solutions_degenerate_rows_have_null_answer(tmp_path, checker):
     # The 11 degenerate GPT-3 solutions (repetitions, no answer line): null final answer, incorrect.
     src = DATA / "gsm8k" / "example_model_solutions.jsonl"
     lines = src.read_text().splitlines()
-    picked = [i for i, l in enumerate(lines)
-              if any("A:" not in v["solution"] for k, v in json.loads(l).items() if isinstance(v, dict))][:3]
+    picked = [i for i, line in enumerate(lines)
+              if any("A:" not in v["solution"] for k, v in json.loads(line).items() if isinstance(v, dict))][:3]
     assert picked, "the file has solutions with no answer line"
     sub = tmp_path / "sub.jsonl"
     sub.write_text("\n".join(lines[i] for i in picked) + "\n")

@@ -10,11 +10,18 @@ import pytest
 
 from stepkit.engines.base import Completion, EngineSpec, SamplingConfig
 from stepkit.engines.scripted import ScriptedEngine, judge_policy
-from stepkit.grading.verdicts import (VerdictParseError, first_error_of, parse_first_error, parse_label,
-                                      parse_step_verdicts, vote_first_error, vote_steps)
+from stepkit.errors import ConfigError
+from stepkit.grading.verdicts import (
+    VerdictParseError,
+    first_error_of,
+    parse_first_error,
+    parse_label,
+    parse_step_verdicts,
+    vote_first_error,
+    vote_steps,
+)
 from stepkit.prompts import judge_template, load_template, render_judge
 from stepkit.shards import read_manifest
-from stepkit.errors import ConfigError
 from stepkit.stages.judge import JudgeConfig, JudgeStage
 from tests.conftest import DATA, assert_linear, load_cases
 from tests.conftest import run_cli as run

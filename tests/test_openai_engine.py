@@ -273,7 +273,7 @@ def test_real_prompt_too_long_is_a_per_request_error(engine):
     results = engine.generate([Request("1, 2, 3,", 2), Request(too_long, 2)], SAMPLED)
     assert [c.finish_reason for c in results[0]] == ["length", "length"]
     assert [c.finish_reason for c in results[1]] == ["error", "error"]
-    assert results[1][0].text.startswith("HTTP 400: ") and "context length" in results[1][0].text
+    assert results[1][0].error.startswith("HTTP 400: ") and "context length" in results[1][0].error
 
 
 @pytest.mark.engine

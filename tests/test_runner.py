@@ -157,7 +157,7 @@ def test_max_error_rate(solutions, tmp_path):
 
 
 def _one_error_line(p):
-    lines = [l for l in p.stderr.strip().splitlines() if l.strip()]
+    lines = [line for line in p.stderr.strip().splitlines() if line.strip()]
     assert p.returncode != 0
     assert len(lines) == 1 and lines[0].startswith("error: "), p.stderr
     return lines[0]

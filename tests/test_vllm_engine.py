@@ -91,7 +91,7 @@ def test_prompt_longer_than_context_fails_alone(engine):
     out = engine.generate([Request("The answer is", 2), Request(long_prompt, 2), Request(near, 1)],
                           SamplingConfig(temperature=0.8, max_tokens=64))
     assert [c.finish_reason for c in out[1]] == ["error", "error"]
-    assert out[1][0].text.startswith("prompt too long:")
+    assert out[1][0].error.startswith("prompt too long:")
     assert len(out[0]) == 2 and all(c.finish_reason in ("stop", "length") for c in out[0])
     room = engine.max_model_len - engine.count_tokens(near)
     assert 0 < room < 64 and out[2][0].num_tokens <= room

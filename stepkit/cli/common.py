@@ -69,7 +69,7 @@ def sampling(kw: dict, stop=(), **overrides) -> SamplingConfig:
 
 def run(stage, inp, out, kw: dict, title: str) -> None:
     """Run ``stage`` with the runner options in ``kw`` and print the summary table."""
-    from stepkit.runner import plan_run, LocalExecutor
+    from stepkit.runner import LocalExecutor, plan_run
 
     opts = from_params(_run_options_class(), kw)
     plans = plan_run(stage, inp, out, opts)

@@ -25,8 +25,8 @@ def eval_processbench(shard, pred, gold, json_out):
     F1 counts a missing prediction (parse failure, no signal, row error) as wrong, as the paper does;
     'F1 answered' leaves those rows out, and 'missing' says how many there were.
     """
-    from stepkit.views import make_console
     from stepkit.stages.evaluate import print_processbench, processbench_report
+    from stepkit.views import make_console
 
     report = processbench_report(shard, pred, gold)
     print_processbench(report, make_console())
@@ -38,13 +38,13 @@ def eval_processbench(shard, pred, gold, json_out):
 @click.argument("shard", type=click.Path())
 @click.option("--a", "col_a", required=True, help="First labeler's first-error (or step-label) column.")
 @click.option("--b", "col_b", required=True, help="Second labeler's column.")
-@click.option("--cap", type=click.IntRange(1), default=8, show_default=True, help="Indices >= cap share a matrix bucket.")
+@click.option("--cap", type=click.IntRange(1, 1000), default=8, show_default=True, help="Indices >= cap share a matrix bucket.")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None, callback=check_json_path,
               help="Also write the figures to this .json file.")
 def eval_agreement(shard, col_a, col_b, cap, json_out):
     """Agreement matrix of two labelers' first-error predictions (e.g. mc_first_error vs judge_first_error)."""
-    from stepkit.views import make_console
     from stepkit.stages.evaluate import agreement_report, print_agreement
+    from stepkit.views import make_console
 
     report = agreement_report(shard, col_a, col_b, cap)
     print_agreement(report, make_console())

@@ -34,6 +34,9 @@ def command(inp, out, **kw):
     if cfg.votes > 1 and kw["temperature"] == 0:
         raise click.UsageError("--votes > 1 needs --temperature > 0 (greedy replies would all be the same)")
     tmpl = load_template(cfg.template) if cfg.template else None
+    if tmpl is not None and tmpl.mode is None:
+        raise click.UsageError(f"--template {cfg.template} has no 'mode' key; a judge template says which mode it "
+                               f"is for (add 'mode: {cfg.mode}' and its slots {{problem}}, {{steps}}, ...)")
     if tmpl is not None and tmpl.mode != cfg.mode:
         raise click.UsageError(f"--template {cfg.template} is for mode {tmpl.mode!r}; pass --mode "
                                f"{tmpl.mode or 'first-error'} or a template with 'mode: {cfg.mode}'")

@@ -3,6 +3,10 @@
 An engine turns rendered prompt texts into sampled continuations::
 
     engine.generate([Request(prompt, n=4), ...], SamplingConfig(...)) -> [[Completion, ...] * 4, ...]
+    await engine.agenerate(Request(prompt, n=4), SamplingConfig(...))   -> [Completion, ...] * 4
+
+``generate`` sends a batch and waits for all of it; ``submit`` / ``agenerate`` start one request and
+return as soon as it is done, while the engine keeps batching everything else in flight.
 
 Results are order-preserving (``results[i]`` answers ``requests[i]``) and every request gets exactly
 ``n`` completions. Prompts are *rendered text* (chat template already applied, assistant prefix
@@ -11,12 +15,15 @@ appended), so requests that share a solution prefix share a token prefix and hit
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from stepkit.errors import ConfigError
-from stepkit.options import Config, identity, opt
+from stepkit.options import Config, check_field, identity, opt
 
 
 @dataclass(frozen=True)
@@ -39,7 +46,8 @@ class SamplingConfig(Config):
 
     temperature: float = opt(0.8, "Sampling temperature.", min=0)
     top_p: float = opt(1.0, "Nucleus sampling mass.", min=0, max=1, min_open=True)
-    max_tokens: int = opt(512, "Tokens per generation; hitting it marks the generation truncated.", min=1)
+    max_tokens: int = opt(512, "Tokens per generation; hitting it marks the generation truncated.", min=1,
+                         max=1_000_000)
     stop: tuple[str, ...] = opt((), cli=False)
     seed: int = opt(0, "Seed (the engine's; on GPU request i of a call gets seed + i).", min=0, max=2**32 - 1)
 
@@ -124,6 +132,27 @@ class Engine:
         """Sample ``r.n`` continuations of each ``r.prompt``; order-preserving."""
         raise NotImplementedError
 
+    def submit(self, request: Request, sampling: SamplingConfig) -> concurrent.futures.Future:
+        """Start one request and return a future of its ``request.n`` completions.
+
+        The asynchronous path: a stage whose next request depends on an answer (a binary search, a tree
+        search, a retry) submits it when the answer arrives, and the engine batches whatever is in
+        flight, so no search waits for another's slowest continuation. This default answers at once
+        through :meth:`generate` (right for the scripted engine); the vllm and openai engines run
+        requests concurrently. Results equal :meth:`generate`'s for the same request.
+        """
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        try:
+            fut.set_result(self.generate([request], sampling)[0])
+        except Exception as exc:  # noqa: BLE001 - the caller sees it when it awaits the result
+            fut.set_exception(exc)
+        return fut
+
+    async def agenerate(self, request: Request, sampling: SamplingConfig) -> list[Completion]:
+        """``await engine.agenerate(request, sampling)``: :meth:`submit` for coroutines (one per row or
+        problem, gathered by the stage; the model is datatrove's ``rollout_fn(document, generate)``)."""
+        return await asyncio.wrap_future(self.submit(request, sampling))
+
     @staticmethod
     def check_requests(requests) -> list[Request]:
         """The requests as a list, after checking each asks for ``n >= 1`` (ConfigError otherwise)."""
@@ -206,7 +235,8 @@ def make_engine(name: str, model: str, seed: int = 0, **options) -> Engine:
         ConfigError: unknown engine name or option, or the backend cannot load ``model``.
     """
     opts = engine_options(name, options)
-    return engine_class(name).create(model, seed=seed, **dataclasses.asdict(opts))
+    values = {f.name: getattr(opts, f.name) for f in dataclasses.fields(opts)}  # as given (asdict would copy)
+    return engine_class(name).create(model, seed=seed, **values)
 
 
 @dataclass(frozen=True)
@@ -232,6 +262,7 @@ class EngineSpec:
     factory: Callable[[], Engine] | None = field(default=None, compare=False)
 
     def __post_init__(self):
+        check_field(SamplingConfig, "seed", self.seed)
         if self.factory is None:
             engine_options(self.name, self.options)
 

@@ -267,9 +267,13 @@ class OpenAIEngine(Engine):
         self.stats.extra.update(retries=0, prompt_tokens=0, http_requests=0)
         self._api_key = _api_key()
         self._http = httpx.Client(timeout=CONTROL_TIMEOUT, headers={"Authorization": f"Bearer {self._api_key}"})
-        self._runner: asyncio.Runner | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # private event loop, in its own thread
+        self._loop_thread: threading.Thread | None = None
+        self._sem: asyncio.Semaphore | None = None  # at most `concurrency` HTTP requests in flight
+        self._submitted = 0
         self._client = None
         self._lock = threading.Lock()
+        self._lock_loop = threading.Lock()
         self._chat_cache: dict[str, str] = {}
         self._tok = None  # transformers tokenizer, loaded lazily (chat rendering)
         self._fast_tok = None  # tokenizers.Tokenizer, loaded lazily (token counting)
@@ -546,17 +550,48 @@ class OpenAIEngine(Engine):
         self.stats.generated_tokens += sum(c.num_tokens for cs in results for c in cs)
         return results
 
+    def _event_loop(self) -> asyncio.AbstractEventLoop:
+        """This engine's private event loop, running in a background thread (kept across calls for
+        connection reuse; :meth:`generate` and :meth:`submit` both schedule their coroutines on it)."""
+        with self._lock_loop:
+            if self._loop is None:
+                self._loop = asyncio.new_event_loop()
+                self._loop_thread = threading.Thread(target=self._loop.run_forever, name="stepkit-openai-loop",
+                                                     daemon=True)
+                self._loop_thread.start()
+            return self._loop
+
     def _run(self, coro):
-        """Run ``coro`` on this engine's private event loop (kept across calls for connection reuse)."""
-        if self._runner is None:
-            self._runner = asyncio.Runner()
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
-            return self._runner.run(coro)
-        # Called from inside a running loop (e.g. a notebook): drive the private loop from a worker thread.
-        with concurrent.futures.ThreadPoolExecutor(1) as pool:
-            return pool.submit(self._runner.run, coro).result()
+        """Run ``coro`` on the private event loop and wait for its result."""
+        return asyncio.run_coroutine_threadsafe(coro, self._event_loop()).result()
+
+    def _semaphore(self) -> asyncio.Semaphore:
+        if self._sem is None:  # created on the private loop, by the coroutine that first needs it
+            self._sem = asyncio.Semaphore(self.concurrency)
+        return self._sem
+
+    def submit(self, request: Request, sampling: SamplingConfig) -> concurrent.futures.Future:
+        """Start one request now on the private event loop; return a future of its ``request.n``
+        completions (as :meth:`generate`). Submitted requests share the ``concurrency`` limit with
+        everything in flight, and each resolves as soon as its own HTTP answers arrive.
+
+        The future raises :class:`EngineUnavailable` when the server cannot be reached after retries."""
+        (request,) = self.check_requests([request])
+        jobs = [(request.prompt, 1)] * request.n if sampling.temperature == 0 else [(request.prompt, request.n)]
+        with self._lock_loop:
+            first, self._submitted = self._submitted, self._submitted + len(jobs)
+
+        async def run() -> list[Completion]:
+            sem = self._semaphore()
+            outs = await asyncio.gather(*(self._one_job(first + k, prompt, n, sampling, sem)
+                                          for k, (prompt, n) in enumerate(jobs)))
+            completions = [c for out in outs for c in out]
+            self.stats.requests += 1
+            self.stats.completions += request.n
+            self.stats.generated_tokens += sum(c.num_tokens for c in completions)
+            return completions
+
+        return asyncio.run_coroutine_threadsafe(run(), self._event_loop())
 
     def _async_client(self):
         if self._client is None:
@@ -584,7 +619,7 @@ class OpenAIEngine(Engine):
         return self._client
 
     async def _generate_all(self, jobs, sampling: SamplingConfig) -> list[list[Completion]]:
-        semaphore = asyncio.Semaphore(self.concurrency)
+        semaphore = self._semaphore()
         tasks = [asyncio.ensure_future(self._one_job(index, prompt, n, sampling, semaphore))
                  for index, (_, prompt, n) in enumerate(jobs)]
         try:
@@ -752,16 +787,19 @@ class OpenAIEngine(Engine):
     def close(self) -> None:
         """Close the HTTP clients and the private event loop; safe to call twice. The server keeps running."""
         client, self._client = self._client, None
-        runner, self._runner = self._runner, None
+        loop, self._loop = self._loop, None
         try:
-            if client is not None and runner is not None:
+            if client is not None and loop is not None:
                 try:
-                    runner.run(client.close())
+                    asyncio.run_coroutine_threadsafe(client.close(), loop).result(timeout=10)
                 except Exception:  # noqa: BLE001 - best effort on shutdown
                     pass
         finally:
-            if runner is not None:
-                runner.close()
+            if loop is not None:
+                loop.call_soon_threadsafe(loop.stop)
+                self._loop_thread.join(timeout=10)
+                loop.close()
+                self._loop_thread, self._sem = None, None
             http = getattr(self, "_http", None)
             if http is not None:
                 http.close()

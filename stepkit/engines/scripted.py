@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import re
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from stepkit.engines.base import Completion, Engine, Request, SamplingConfig
 from stepkit.errors import ConfigError

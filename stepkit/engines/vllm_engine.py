@@ -44,10 +44,14 @@ the parent. Scripts that build an engine need an ``if __name__ == "__main__":`` 
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import gc
+import itertools
 import os
+import queue
 import re
+import threading
 import warnings
 from dataclasses import dataclass
 from typing import Any
@@ -60,8 +64,8 @@ warnings.filterwarnings("ignore", message=r".*torch\.distributed\.reduce_op.*", 
 
 from stepkit.engines.base import Completion, Engine, Request, SamplingConfig  # noqa: E402
 from stepkit.errors import ConfigError, StepkitError  # noqa: E402
-from stepkit.options import Config, opt  # noqa: E402
 from stepkit.models import resolve_model  # noqa: E402
+from stepkit.options import Config, opt  # noqa: E402
 
 PREFIX_CACHE_QUERIES = "vllm:prefix_cache_queries"
 PREFIX_CACHE_HITS = "vllm:prefix_cache_hits"
@@ -91,6 +95,23 @@ def _on_cpu() -> bool:
         import torch
 
         return not torch.cuda.is_available()
+
+
+class _Job:
+    """One submitted request: its future, how many vLLM requests it was sent as, and the completions so far."""
+
+    def __init__(self, fut: concurrent.futures.Future, parts: int, results: list):
+        self.fut, self.parts, self.results = fut, parts, results
+
+    def deliver(self, engine: "VLLMEngine", out) -> None:
+        engine._collect(out, self.results)
+        self.parts -= 1
+        if self.parts == 0 and not self.fut.done():
+            self.fut.set_result(self.results)
+
+    def fail(self, exc: BaseException) -> None:
+        if not self.fut.done():
+            self.fut.set_exception(exc)
 
 
 class VLLMEngine(Engine):
@@ -186,6 +207,14 @@ class VLLMEngine(Engine):
             raise ConfigError(f"vllm cannot load model {model} ({self.model_path}): {_first_line(exc)}") from exc
         self._tokenizer = self._llm.get_tokenizer()
         self._cache_base = self._read_prefix_counters()
+        # the asynchronous path (submit): a queue to the engine-loop thread, started on first use
+        self._queue: queue.Queue = queue.Queue()
+        self._pending: dict[str, _Job] = {}
+        self._engine_lock = threading.Lock()
+        self._submit_lock = threading.Lock()
+        self._submitted = 0
+        self._loop_thread: threading.Thread | None = None
+        self._loop_failed: StepkitError | None = None
 
     # -- generation -------------------------------------------------------------------------------
 
@@ -222,28 +251,14 @@ class VLLMEngine(Engine):
         except (ValueError, TypeError) as exc:
             raise ConfigError(f"invalid sampling parameters for vllm: {_first_line(exc)}") from exc
 
-    def generate(self, requests: list[Request], sampling: SamplingConfig) -> list[list[Completion]]:
-        """Sample ``r.n`` continuations of each ``r.prompt`` (rendered text) in one ``LLM.generate`` call.
-
-        With ``temperature == 0`` (greedy), which vLLM allows only with ``n == 1``, a request with
-        ``n > 1`` is sent as ``n`` copies (they share the prompt's cached prefix).
-
-        Returns:
-            ``results[i]`` holds exactly ``requests[i].n`` completions, in order. ``finish_reason`` is
-            ``"stop"`` (EOS or a stop string, which is not included in ``text``), ``"length"`` (hit
-            ``sampling.max_tokens``) or ``"error"`` (vLLM aborted the request). ``num_tokens`` counts
-            generated tokens.
-
-        Updates ``self.stats``: requests, completions, generated_tokens, and ``extra["prompt_tokens"]``.
-        """
-        requests = self.check_requests(requests)
-        if not requests:
-            return []
+    def _plan(self, requests: list[Request], sampling: SamplingConfig, first_index: int = 0):
+        """The vLLM prompts and ``SamplingParams`` for ``requests``: ``(prompts, params, owners, results)``,
+        ``owners[j]`` the request index of vLLM prompt ``j``; ``results`` pre-filled with error completions
+        for prompts that do not fit the context. ``first_index`` numbers per-request seeds (GPU)."""
         # vLLM refuses n > 1 with greedy sampling (temperature 0): send n copies with n=1 instead.
-        llm = self.llm  # raises StepkitError once closed
         greedy = sampling.temperature == 0
         prompts: list[str] = []
-        owners: list[int] = []  # owners[j]: index of the request that vLLM prompt j belongs to
+        owners: list[int] = []
         params = []
         by_key: dict[tuple[int, int], Any] = {}
         results: list[list[Completion]] = [[] for _ in requests]
@@ -265,33 +280,141 @@ class VLLMEngine(Engine):
                         by_key[key] = self.sampling_params(budget, n=n)
                     params.append(by_key[key])
                 else:
-                    params.append(self.sampling_params(budget, n=n, index=len(prompts)))
+                    params.append(self.sampling_params(budget, n=n, index=first_index + len(prompts)))
                 prompts.append(r.prompt)
                 owners.append(i)
-        outputs = llm.generate(prompts, params, use_tqdm=False) if prompts else []
+        return prompts, params, owners, results
+
+    def _collect(self, out, into: list[Completion]) -> int:
+        """Append the completions of one finished vLLM ``RequestOutput`` to ``into``; count its tokens."""
+        generated = 0
+        for seq in sorted(out.outputs, key=lambda s: s.index):
+            num = len(seq.token_ids)
+            generated += num
+            if seq.finish_reason in ("stop", "length"):
+                into.append(Completion(seq.text, seq.finish_reason, num))
+            else:
+                into.append(Completion.failed(f"vllm: request finished with {seq.finish_reason!r}", num))
+        self.stats.generated_tokens += generated
+        self.stats.extra["prompt_tokens"] = self.stats.extra.get("prompt_tokens", 0) + len(out.prompt_token_ids or ())
+        return generated
+
+    def generate(self, requests: list[Request], sampling: SamplingConfig) -> list[list[Completion]]:
+        """Sample ``r.n`` continuations of each ``r.prompt`` (rendered text) in one ``LLM.generate`` call.
+
+        With ``temperature == 0`` (greedy), which vLLM allows only with ``n == 1``, a request with
+        ``n > 1`` is sent as ``n`` copies (they share the prompt's cached prefix).
+
+        Returns:
+            ``results[i]`` holds exactly ``requests[i].n`` completions, in order. ``finish_reason`` is
+            ``"stop"`` (EOS or a stop string, which is not included in ``text``), ``"length"`` (hit
+            ``sampling.max_tokens``) or ``"error"`` (vLLM aborted the request, or the prompt does not fit
+            the context: ``error`` says which). ``num_tokens`` counts generated tokens.
+
+        Raises:
+            StepkitError: the engine is closed, or requests sent with :meth:`submit` are still running.
+
+        Updates ``self.stats``: requests, completions, generated_tokens, and ``extra["prompt_tokens"]``.
+        """
+        requests = self.check_requests(requests)
+        if not requests:
+            return []
+        llm = self.llm  # raises StepkitError once closed
+        prompts, params, owners, results = self._plan(requests, sampling)
+        with self._engine_lock:
+            if self._pending:
+                raise StepkitError("vllm engine: generate() while submitted requests are running")
+            outputs = llm.generate(prompts, params, use_tqdm=False) if prompts else []
         if len(outputs) != len(prompts):  # pragma: no cover - vLLM guarantees one output per prompt
             raise StepkitError(f"vllm returned {len(outputs)} outputs for {len(prompts)} prompts")
-
-        generated = prompt_tokens = 0
         for owner, out in zip(owners, outputs):
-            for seq in sorted(out.outputs, key=lambda s: s.index):
-                num = len(seq.token_ids)
-                generated += num
-                if seq.finish_reason in ("stop", "length"):
-                    results[owner].append(Completion(seq.text, seq.finish_reason, num))
-                else:
-                    message = f"vllm: request finished with {seq.finish_reason!r}"
-                    results[owner].append(Completion.failed(message, num))
-            prompt_tokens += len(out.prompt_token_ids or ())
+            self._collect(out, results[owner])
         for request, completions in zip(requests, results):
             if len(completions) != request.n:  # pragma: no cover
                 raise StepkitError(f"vllm returned {len(completions)} completions for n={request.n}")
-
         self.stats.requests += len(requests)
         self.stats.completions += sum(r.n for r in requests)
-        self.stats.generated_tokens += generated
-        self.stats.extra["prompt_tokens"] = self.stats.extra.get("prompt_tokens", 0) + prompt_tokens
         return results
+
+    # -- asynchronous requests: one engine loop, continuous batching ------------------------------
+
+    def submit(self, request: Request, sampling: SamplingConfig) -> concurrent.futures.Future:
+        """Start one request now and return a future of its ``request.n`` completions (as :meth:`generate`).
+
+        Submitted requests join vLLM's running batch at its next step, whatever else is in flight: a
+        background thread owns the engine loop (``LLMEngine.add_request`` / ``step``, as ``LLM.generate``
+        runs it) and resolves each future as soon as its request finishes. So a search that submits its
+        next probe when an answer arrives never waits for another search's slowest continuation.
+
+        Raises:
+            StepkitError: the engine is closed (the future carries the engine loop's own failures).
+        """
+        (request,) = self.check_requests([request])
+        _ = self.llm  # raises StepkitError once closed
+        if self._loop_failed is not None:
+            raise self._loop_failed
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        with self._submit_lock:
+            first = self._submitted
+            self._submitted += request.n
+        prompts, params, _, results = self._plan([request], sampling, first_index=first)
+        self.stats.requests += 1
+        self.stats.completions += request.n
+        if not prompts:  # does not fit the context: answered at once
+            fut.set_result(results[0])
+            return fut
+        job = _Job(fut, len(prompts), results[0])
+        self._ensure_loop()
+        self._queue.put([(prompt, p, job) for prompt, p in zip(prompts, params)])
+        return fut
+
+    def _ensure_loop(self) -> None:
+        with self._submit_lock:
+            if self._loop_thread is None:
+                self._loop_thread = threading.Thread(target=self._serve, name="stepkit-vllm-loop", daemon=True)
+                self._loop_thread.start()
+
+    def _serve(self) -> None:
+        """The engine loop: add what was submitted, step, hand finished outputs to their futures."""
+        from vllm.sampling_params import RequestOutputKind
+
+        engine = self._llm.llm_engine
+        counter = itertools.count()
+        stop = False
+        while not stop:
+            items = []
+            try:
+                items.append(self._queue.get(block=not self._pending))
+                while True:
+                    items.append(self._queue.get_nowait())
+            except queue.Empty:
+                pass
+            with self._engine_lock:
+                try:
+                    for item in items:
+                        if item is None:
+                            stop = True
+                            continue
+                        for prompt, params, job in item:
+                            rid = f"stepkit-{next(counter)}"
+                            params.output_kind = RequestOutputKind.FINAL_ONLY
+                            engine.add_request(rid, prompt, params)
+                            self._pending[rid] = job
+                    if self._pending and not stop:
+                        for out in engine.step():
+                            if out.finished and out.request_id in self._pending:
+                                self._pending.pop(out.request_id).deliver(self, out)
+                except Exception as exc:  # noqa: BLE001 - every waiting request learns why
+                    failure = StepkitError(f"vllm engine loop failed: {_first_line(exc)}")
+                    for job in list(self._pending.values()) + [j for it in items if it for _, _, j in it]:
+                        job.fail(failure)
+                    self._pending.clear()
+                    self._loop_failed = failure
+                    stop = True
+        if self._pending:
+            for job in self._pending.values():
+                job.fail(StepkitError("the vllm engine was closed with requests running"))
+            self._pending.clear()
 
     def render_chat(self, messages: list[dict[str, str]]) -> str:
         """The model's chat template applied to ``messages``, ending with the assistant turn's opening.
@@ -366,6 +489,11 @@ class VLLMEngine(Engine):
 
     def close(self) -> None:
         """Shut the engine core and worker processes down and free the model; safe to call twice."""
+        thread = getattr(self, "_loop_thread", None)
+        if thread is not None:
+            self._queue.put(None)
+            thread.join()
+            self._loop_thread = None
         llm, self._llm = getattr(self, "_llm", None), None
         if llm is None:
             return

@@ -48,9 +48,14 @@ def split_steps(text: str, mode: str = "auto") -> tuple[list[str], str]:
         parts = [text[i:j] for i, j in zip([0, *starts], [*starts, len(text)])]
     else:
         try:
-            parts = re.split(mode, text)
-        except re.error as e:
-            raise ValueError(f"step split mode {mode!r} is neither a known mode nor a valid regex: {e}") from e
+            pattern = re.compile(mode)
+        except (re.error, OverflowError, RecursionError) as e:
+            raise ValueError(f"step split mode {mode[:60]!r} is neither a known mode nor a valid regex: {e}") from None
+        if pattern.fullmatch(""):
+            raise ValueError(f"step split regex {mode[:60]!r} matches the empty string (it would split between "
+                             "every character); give a separator that consumes text, or a lookahead such as "
+                             "'(?=Step )'")
+        parts = pattern.split(text)
     steps = [p.strip() for p in parts if p and p.strip()]
     return steps, _MODE_SEPARATORS.get(mode, "\n")
 

@@ -408,7 +408,7 @@ class AnswerChecker:
                         except BrokenProcessPool:  # a worker died (e.g. out of memory): retry once
                             if key in died:
                                 if crashed is None:
-                                    raise StepkitError(f"answer check crashed its worker twice: {key!r}")
+                                    raise StepkitError(f"answer check crashed its worker twice: {key!r}") from None
                                 cache[key] = crashed
                             else:
                                 died.add(key)

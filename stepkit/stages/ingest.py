@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from stepkit import __version__
 from stepkit.errors import ConfigError, InputError
@@ -337,7 +338,7 @@ class Ingester:
         for f in files:
             if not f.exists():
                 continue
-            for i, obj in read_jsonl(f):
+            for _, obj in read_jsonl(f):
                 if "question" in obj and "answer" in obj:
                     try:
                         out[_norm(obj["question"])] = extract_gsm8k_reference(obj["answer"])

@@ -37,8 +37,15 @@ from typing import Any
 from stepkit.engines.base import EngineSpec, Request, SamplingConfig
 from stepkit.errors import ConfigError, RowError
 from stepkit.grading.answers import find_boxes
-from stepkit.grading.verdicts import (VerdictParseError, first_error_of, labels_from_first_error,
-                                      parse_first_error, parse_step_verdicts, vote_first_error, vote_steps)
+from stepkit.grading.verdicts import (
+    VerdictParseError,
+    first_error_of,
+    labels_from_first_error,
+    parse_first_error,
+    parse_step_verdicts,
+    vote_first_error,
+    vote_steps,
+)
 from stepkit.options import Config, opt
 from stepkit.prompts import JUDGE_MODES, PromptTemplate, judge_template, load_template, render_judge
 from stepkit.runner import LabelerStage
@@ -97,8 +104,9 @@ class JudgeConfig(Config):
     mode: str = opt("first-error", "first-error: index of the earliest wrong step (ProcessBench critic); "
                     "per-step: a verdict per step.", choices=JUDGE_MODES)
     votes: int = opt(1, "Replies sampled per row and majority-voted (needs --temperature > 0 when > 1).",
-                     short="-v", min=1)
-    retries: int = opt(2, "Extra sampling rounds for replies that fail to parse (none at temperature 0).", min=0)
+                     short="-v", min=1, max=1024)
+    retries: int = opt(2, "Extra sampling rounds for replies that fail to parse (none at temperature 0).", min=0,
+                       max=100)
     template: str | None = opt(None, "Judge prompt template (YAML: version, mode, user, system) "
                                "[default: stepkit/prompts/judge-<mode>.yaml].", identity=False)  # hashed below
     stop: tuple[str, ...] = opt((), "Stop string(s) for judge replies.", identity=False)  # in sampling

@@ -61,7 +61,7 @@ class MCLabelConfig(Config):
         ConfigError: continuations < 1 or an unknown mode.
     """
 
-    continuations: int = opt(8, "K: continuations per step prefix.", short="-k", min=1)
+    continuations: int = opt(8, "K: continuations per step prefix.", short="-k", min=1, max=4096)
     mode: str = opt("exhaustive", "exhaustive: every prefix; binary: OmegaPRM binary search for the first error.",
                     choices=MODES)
     stop: tuple[str, ...] = opt((), "Extra stop string(s) for continuations.", identity=False)  # in sampling

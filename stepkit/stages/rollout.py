@@ -1,7 +1,7 @@
 """``rollout``: sample N solutions per problem, split them into steps, extract and grade the answer.
 
 Input: a problems shard (``problem_id``, ``source``, ``prompt``, ``reference_answer``). Output: one
-trajectory row per sample (``../shared/design.md``, "Record schema"), id ``<problem_id>:r<j>``, plus
+trajectory row per sample (``docs/architecture.md``, "Records"), id ``<problem_id>:r<j>``, plus
 ``rollout_finish_reason`` (``stop``/``length``/``error``), ``rollout_prompt_tokens`` and
 ``rollout_completion_tokens``. A sample cut off by ``max_tokens`` is kept and marked
 (``rollout_finish_reason = "length"``, ``outcome_correct`` null): it is not graded as wrong, and
@@ -101,7 +101,7 @@ class RolloutConfig(Config):
         ConfigError: samples < 1, ``fewshot`` without ``fewshot_file``, or an unknown split mode.
     """
 
-    samples: int = opt(4, "N solutions per problem.", short="-n", min=1)
+    samples: int = opt(4, "N solutions per problem.", short="-n", min=1, max=4096)
     instruction: str = opt(DEFAULT_INSTRUCTION, "Answer-format instruction placed before the problem.",
                            identity=False)
     system: str | None = opt(None, "Optional system message.", flag="--system-prompt", identity=False)
