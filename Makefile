@@ -51,6 +51,7 @@ test-fast: setup lint
 bench: model
 	$(BIN)/python bench/bench_mc_label.py
 	$(BIN)/python bench/bench_engines.py
+	$(BIN)/python bench/bench_mcts.py
 
 clean:
 	rm -rf out .pytest_cache

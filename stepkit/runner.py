@@ -48,6 +48,7 @@ from stepkit.shards import (
     config_hash,
     file_sha256,
     iter_row_chunks,
+    iter_row_ranges,
     list_shards,
     manifest_path,
     open_parquet,
@@ -106,6 +107,7 @@ class Stage:
     required_columns: tuple[str, ...] = ()
     default_chunk_size = 16
     one_to_one = True  # False for stages that emit several rows per input row (rollout)
+    group_by: str | None = None  # a column whose runs of equal values are never split across chunks
     cfg: Config | None = None
 
     def config(self) -> dict[str, Any]:
@@ -249,6 +251,7 @@ class ShardPlan:
     side_outputs: dict[str, Path] = field(default_factory=dict)
     side_inputs: dict[str, list[Path]] = field(default_factory=dict)
     done_rows: int = 0
+    chunks: list[tuple[int, int]] = field(default_factory=list)  # [start, end) rows of each chunk
 
 
 @dataclass
@@ -323,12 +326,16 @@ def plan_run(stage: Stage, in_path: str | os.PathLike, out_path: str | os.PathLi
         join_cols = [side.on or side.key for side, _ in sides_in.values()]
         columns = list(dict.fromkeys(list(stage.required_columns) + join_cols
                                      + (["error"] if "error" in schema.names else [])))
-        for col in join_cols:
+        for col in join_cols + ([stage.group_by] if stage.group_by else []):
             check_columns(schema, (col,), shard)
+        groups = _GroupChunks(shard, chunk_size, stage.group_by)
         for first, rows in iter_row_chunks(shard, 1024, columns=columns or None):
             stage.validate(rows, shard, first)
             for name, (side, (_, table)) in sides_in.items():
                 _check_joined(rows, first, shard, name, side, table)
+        if stage.group_by:
+            for first, rows in iter_row_chunks(shard, 1024, columns=[stage.group_by]):
+                groups.feed(rows, first)
         out = output_path(shard, in_path, out_path)
         if out.resolve() in read_only:
             raise ConfigError(f"{out}: OUT is a side input of this run; write the output somewhere else")
@@ -344,7 +351,8 @@ def plan_run(stage: Stage, in_path: str | os.PathLike, out_path: str | os.PathLi
             side_paths[name] = p
         ident = _identity(stage, file_sha256(shard), chunk_size, side_hashes, list(sides_out))
         plan = ShardPlan(shard, out, schema, pf.metadata.num_rows, ident, side_outputs=side_paths,
-                         side_inputs={n: paths for n, (_, (paths, _)) in sides_in.items()})
+                         side_inputs={n: paths for n, (_, (paths, _)) in sides_in.items()},
+                         chunks=groups.chunks(pf.metadata.num_rows))
         _check_existing(plan, opts.force)
         plans.append(plan)
     return plans
@@ -387,6 +395,42 @@ def _check_existing(plan: ShardPlan, force: bool) -> None:
         if old.get("config_hash") != ident["config_hash"]:
             raise ConfigError(f"{_parts_dir(out)}: partial run from a different configuration "
                               f"({_describe_change(old, ident)}); use --force to discard it")
+
+
+class _GroupChunks:
+    """Chunk boundaries: ``chunk_size`` rows each, extended so a run of equal ``group_by`` values (one
+    problem's rows) is never split. Groups must be contiguous: a value that comes back later is bad input."""
+
+    def __init__(self, shard: Path, chunk_size: int, group_by: str | None):
+        self.shard, self.size, self.col = shard, chunk_size, group_by
+        self.starts: list[int] = [0]  # first row of each group
+        self.seen: set = set()
+        self.last = object()
+
+    def feed(self, rows: list[dict], first: int) -> None:
+        for i, r in enumerate(rows):
+            v = r[self.col]
+            if v != self.last:
+                if v in self.seen:
+                    raise InputError(self.shard, f"rows of {self.col} {v!r} are not contiguous (a stage that "
+                                                 f"works per {self.col} needs them together: sort by it)",
+                                     row=first + i, column=self.col)
+                self.seen.add(v)
+                if first + i:
+                    self.starts.append(first + i)
+                self.last = v
+
+    def chunks(self, n_rows: int) -> list[tuple[int, int]]:
+        if not self.col:
+            return [(a, min(a + self.size, n_rows)) for a in range(0, n_rows, self.size)]
+        out, start = [], 0
+        for g in self.starts[1:] + [n_rows]:
+            if g - start >= self.size:
+                out.append((start, g))
+                start = g
+        if start < n_rows:
+            out.append((start, n_rows))
+        return out
 
 
 def _load_side_input(name: str, side: SideInput) -> tuple[list[Path], dict[Any, dict]]:
@@ -585,7 +629,8 @@ def _run_shard(stage: Stage, plan: ShardPlan, opts: RunOptions, console) -> Shar
     out_schema = stage.output_schema(plan.schema)
     side_schemas = {name: s.schema for name, s in stage.side_outputs().items()}
     side_tables = _load_side_tables(stage, plan)
-    n_chunks = (n_rows + chunk_size - 1) // chunk_size
+    bounds = plan.chunks or [(a, min(a + chunk_size, n_rows)) for a in range(0, n_rows, chunk_size)]
+    n_chunks = len(bounds)
     committed = {i for i in range(n_chunks) if _part(parts, i).exists()}
     result = ShardResult(shard, out, "done", chunks=n_chunks, resumed_chunks=len(committed))
     _log(parts, event="start", committed=sorted(committed), chunks=n_chunks)
@@ -593,9 +638,8 @@ def _run_shard(stage: Stage, plan: ShardPlan, opts: RunOptions, console) -> Shar
     t0 = time.time()
     tokens0 = stage.tokens_generated()
     with _Progress(opts.progress, console, f"{stage.name} {shard.name}", n_rows) as bar:
-        bar.advance(sum(min(chunk_size, n_rows - i * chunk_size) for i in committed), 0)
-        for first, rows in iter_row_chunks(shard, chunk_size):
-            i = first // chunk_size
+        bar.advance(sum(bounds[i][1] - bounds[i][0] for i in committed), 0)
+        for i, rows in enumerate(iter_row_ranges(shard, bounds)):
             if i in committed:
                 continue
             _log(parts, event="chunk_start", chunk=i)

@@ -83,6 +83,49 @@ JUDGE_FIELDS = [
     pa.field("judge_status", pa.string()),
 ]
 
+MCTS_FIELDS = [  # per step: the node whose prefix ends at that step (null: not a node)
+    pa.field("mcts_value", pa.list_(pa.float32())),
+    pa.field("mcts_rollouts", pa.list_(pa.int32())),
+    pa.field("mcts_successes", pa.list_(pa.int32())),
+    pa.field("mcts_visits", pa.list_(pa.int32())),
+    pa.field("mcts_label", pa.list_(pa.bool_())),
+    pa.field("mcts_node_id", pa.list_(pa.string())),
+    pa.field("mcts_first_error", pa.int32()),
+    pa.field("mcts_status", pa.string()),
+]
+
+MCTS_NODE_FIELDS = [  # mcts-label --tree-out: one row per node (state)
+    pa.field("problem_id", pa.string()),
+    pa.field("node_id", pa.string()),
+    pa.field("parent_id", pa.string()),
+    pa.field("depth", pa.int32()),  # steps in the node's prefix
+    pa.field("step", pa.string()),  # the prefix's last step (null at the root)
+    pa.field("edge_steps", pa.list_(pa.string())),  # the steps from the parent's prefix to this one
+    pa.field("visits", pa.int32()),
+    pa.field("rollouts", pa.int32()),
+    pa.field("successes", pa.int32()),
+    pa.field("truncated", pa.int32()),
+    pa.field("value_own", pa.float32()),
+    pa.field("value_subtree", pa.float32()),
+]
+
+MCTS_PAIR_FIELDS = [  # mcts-label --pairs-out: step preference pairs (two children of one node)
+    pa.field("problem_id", pa.string()),
+    pa.field("prompt", pa.string()),
+    pa.field("node_id", pa.string()),
+    pa.field("prefix_steps", pa.list_(pa.string())),
+    pa.field("chosen", pa.list_(pa.string())),
+    pa.field("rejected", pa.list_(pa.string())),
+    pa.field("chosen_node_id", pa.string()),
+    pa.field("rejected_node_id", pa.string()),
+    pa.field("chosen_value", pa.float32()),
+    pa.field("rejected_value", pa.float32()),
+    pa.field("chosen_rollouts", pa.int32()),
+    pa.field("chosen_successes", pa.int32()),
+    pa.field("rejected_rollouts", pa.int32()),
+    pa.field("rejected_successes", pa.int32()),
+]
+
 PROBLEM_SCHEMA = pa.schema(PROBLEM_FIELDS)
 TRAJECTORY_SCHEMA = pa.schema(TRAJECTORY_FIELDS)
 

@@ -98,6 +98,25 @@ def iter_row_chunks(path: Path, chunk_size: int, columns: list[str] | None = Non
         yield start, buf
 
 
+def iter_row_ranges(path: Path, bounds: list[tuple[int, int]], columns: list[str] | None = None
+                    ) -> Iterator[list[dict[str, Any]]]:
+    """Yield the rows of each ``[start, end)`` range of ``bounds`` (consecutive, covering the file),
+    reading record batches so memory stays bounded by a range."""
+    ranges = iter(bounds)
+    current = next(ranges, None)
+    buf: list[dict[str, Any]] = []
+    pos = 0  # file row index of buf[0]
+    for _, rows in iter_row_chunks(path, 1024, columns):
+        buf.extend(rows)
+        while current is not None and pos + len(buf) >= current[1]:
+            take = current[1] - pos
+            yield buf[:take]
+            buf, pos = buf[take:], current[1]
+            current = next(ranges, None)
+    if current is not None and buf:
+        yield buf
+
+
 def read_rows(path: Path, columns: list[str] | None = None) -> list[dict[str, Any]]:
     """All rows of one shard as dicts (for small shards, stats and tests)."""
     return [r for _, rows in iter_row_chunks(path, 4096, columns) for r in rows]

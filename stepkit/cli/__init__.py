@@ -21,6 +21,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "ingest": ("stepkit.cli.ingest", "Convert FILE (format FORMAT) into a Parquet shard OUT."),
     "rollout": ("stepkit.cli.rollout", "Sample N solutions per problem of PROBLEMS into OUT."),
     "mc-label": ("stepkit.cli.mc_label", "Monte Carlo value of every step prefix (Math-Shepherd / OmegaPRM)."),
+    "mcts-label": ("stepkit.cli.mcts_label", "OmegaPRM tree search: step values, rollout trees, preference pairs."),
     "judge": ("stepkit.cli.judge", "LLM-as-judge step labels (ProcessBench critic prompt, majority vote)."),
     "eval": ("stepkit.cli.evaluate", "Score step labels: ProcessBench F1, agreement of two labelers."),
     "stats": ("stepkit.cli.stats", "Summary of a shard: rows, steps, outcomes, each stage's figures."),

@@ -38,6 +38,7 @@ Modes:
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from typing import Any
 
@@ -192,10 +193,11 @@ class MCLabelStage(LabelerStage):
 
     # -- the method ---------------------------------------------------------------------------------
     def process(self, rows: list[dict]) -> tuple[list[dict], dict[str, int]]:
-        """Label one chunk: all of its continuation requests go to the engine in one call per round
-        (one round in exhaustive mode, one per search step in binary mode), so vLLM batches them and
-        shared prefixes hit its cache. Returns the rows with ``mc_*`` columns and the chunk's counters
-        (continuations, truncated, successes, prefixes_estimated, no_signal, ungraded)."""
+        """Label one chunk. Exhaustive mode sends all of its continuation requests in one engine call;
+        binary mode runs each row's search in its own coroutine on the engine's asynchronous path. Either
+        way vLLM batches what is in flight and shared prefixes hit its cache. Returns the rows with
+        ``mc_*`` columns and the chunk's counters (continuations, truncated, successes,
+        prefixes_estimated, no_signal, ungraded)."""
         counters = {"continuations": 0, "truncated": 0, "successes": 0, "prefixes_estimated": 0,
                     "no_signal": 0, "ungraded": 0}
         todo = []
@@ -222,20 +224,8 @@ class MCLabelStage(LabelerStage):
         est: dict[int, dict[int, PrefixEstimate]] = {id(r): {} for r in todo}
         if self.mode == "exhaustive":
             self._estimate([(r, i) for r in todo for i in range(len(r["steps"]))], est, counters)
-        else:
-            searches = {id(r): FirstErrorSearch(len(r["steps"]), r["outcome_correct"]) for r in todo}
-            wanted = [(r, 0) for r in todo]
-            while wanted:
-                self._estimate(wanted, est, counters)
-                wanted = []
-                for r in todo:
-                    s = searches[id(r)]
-                    for i, e in est[id(r)].items():
-                        if i > 0 and i == s.next_probe():
-                            s.observe(i, e.value)
-                    p = s.next_probe()
-                    if p is not None and p not in est[id(r)]:
-                        wanted.append((r, p))
+        else:  # one coroutine per row: no row's next probe waits for another row's slowest continuation
+            asyncio.run(self._search_all(todo, est, counters))
         for r in todo:
             if r.get("error"):
                 continue
@@ -243,13 +233,34 @@ class MCLabelStage(LabelerStage):
             counters["no_signal"] += r["mc_status"] == "no_signal"
         return out, counters
 
+    async def _search_all(self, rows: list[dict], est, counters) -> None:
+        """Binary mode: every row's search (v_0 beside it) runs in its own coroutine on the engine's
+        asynchronous path, so the engine batches all rows' probes as they come."""
+
+        async def estimate(r: dict, i: int) -> None:
+            comps = await self.engine.agenerate(self._request(r, i), self.sampling)
+            self._record([(r, i)], [comps], est, counters)
+
+        async def search(r: dict) -> None:
+            s = FirstErrorSearch(len(r["steps"]), r["outcome_correct"])
+            while (p := s.next_probe()) is not None and not r.get("error"):
+                await estimate(r, p)
+                s.observe(p, est[id(r)][p].value)
+
+        await asyncio.gather(*(coro for r in rows for coro in (estimate(r, 0), search(r))))
+
+    def _request(self, r: dict, i: int) -> Request:
+        return Request(render_continuation(self.engine, r["prompt"], r["steps"], r.get("step_separator") or "\n",
+                                           i, self.template), self.k)
+
     def _estimate(self, wanted: list[tuple[dict, int]], est, counters) -> None:
-        """Run K continuations for each (row, prefix length) and record graded counts in ``est``."""
-        if not wanted:
-            return
-        reqs = [Request(render_continuation(self.engine, r["prompt"], r["steps"], r.get("step_separator") or "\n",
-                                            i, self.template), self.k) for r, i in wanted]
-        results = self.engine.generate(reqs, self.sampling)
+        """Run K continuations for each (row, prefix length) in one engine call and record them in ``est``."""
+        if wanted:
+            self._record(wanted, self.engine.generate([self._request(r, i) for r, i in wanted], self.sampling),
+                         est, counters)
+
+    def _record(self, wanted: list[tuple[dict, int]], results, est, counters) -> None:
+        """Grade the continuations of each (row, prefix length) and add their counts to ``est``."""
         pairs, where = [], []
         for (r, i), comps in zip(wanted, results):
             e = est[id(r)].setdefault(i, PrefixEstimate())

@@ -1,0 +1,115 @@
+"""Benchmark: labelled steps per 1,000 continuations and engine fullness of mc-label (exhaustive, binary)
+and mcts-label, on the same real solutions with one engine, in one run.
+
+* Labelled steps: steps that get a label (a known or inferred value; the last step, whose value is the
+  graded outcome itself, is not counted), per 1,000 continuations sampled. mcts-label is seeded with the
+  same solutions and also labels the new rollouts of its trees.
+* Engine fullness: generated tokens/s of binary mc-label and of mcts-label as a ratio to exhaustive
+  mc-label's (one engine call per chunk, the engine as full as it gets). Both searches submit their next
+  request when an answer arrives (the engine's asynchronous path), so the ratio shows whether the engine
+  stays full while searches wait on each other (target >= 0.8).
+* Together vs one at a time: mcts-label over all problems in one chunk, against one problem per chunk
+  (each problem's search alone on the engine): the tokens/s ratio (sampled amounts differ run to run).
+
+Prints ratios measured in this run, never absolute claims.
+
+Usage: python bench/bench_mcts.py [--solutions 16] [--k 4] [--max-tokens 128] [--search-limit 8] [--budget 48]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+DATA = Path(os.environ.get("STEPKIT_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
+
+
+def labelled_steps(rows, label_col: str) -> int:
+    """Steps with a non-null label, the last step of each row (its outcome) not counted."""
+    return sum(sum(v is not None for v in (r.get(label_col) or [])[:-1]) for r in rows)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--solutions", type=int, default=16)
+    ap.add_argument("--k", type=int, default=4)
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--search-limit", type=int, default=8)
+    ap.add_argument("--budget", type=int, default=48, help="mcts-label continuations per problem")
+    ap.add_argument("--model", default="smollm2-135m")
+    args = ap.parse_args()
+
+    from stepkit.engines.base import EngineSpec, SamplingConfig
+    from stepkit.engines.vllm_engine import VLLMEngine
+    from stepkit.grading.verify import AnswerChecker, checker_settings
+    from stepkit.prompts import DEFAULT_STOP
+    from stepkit.runner import run_stage
+    from stepkit.shards import read_manifest, read_rows
+    from stepkit.stages.ingest import IngestOptions, ingest
+    from stepkit.stages.mc_label import MCLabelConfig, MCLabelStage
+    from stepkit.stages.mcts_label import MCTSConfig, MCTSLabelStage
+
+    tmp = Path(tempfile.mkdtemp(prefix="stepkit-bench-mcts-"))
+    sol = tmp / "solutions.parquet"
+    checker = AnswerChecker()
+    ingest("gsm8k-solutions", DATA / "gsm8k" / "example_model_solutions.jsonl", sol,
+           IngestOptions(limit=args.solutions, generators=("175b_verification",)), checker, checker_settings())
+    n = len(read_rows(sol))
+    engine = VLLMEngine(args.model, seed=0)
+    spec = EngineSpec.of(engine)
+    sampling = SamplingConfig(temperature=0.8, top_p=1.0, max_tokens=args.max_tokens, stop=DEFAULT_STOP)
+
+    class Shared:  # the engine and checker outlive each run
+        def close(self):
+            pass
+
+    class MC(Shared, MCLabelStage):
+        pass
+
+    class MCTS(Shared, MCTSLabelStage):
+        pass
+
+    def measure(name, stage, chunk_size, label_col):
+        engine.reset_prefix_cache()
+        tok0, t = engine.stats.generated_tokens, time.perf_counter()
+        out = tmp / f"{name}.parquet"
+        run_stage(stage, sol, out, chunk_size=chunk_size, progress=False)
+        dt, toks = time.perf_counter() - t, engine.stats.generated_tokens - tok0
+        cont = read_manifest(out)["counts"]["continuations"]
+        steps = labelled_steps(read_rows(out), label_col)
+        print(f"{name:22s} {dt:7.1f} s {toks:7d} tokens {toks / dt:7.1f} tok/s {cont:6d} continuations "
+              f"{steps:5d} labelled steps ({1000 * steps / cont:6.1f} per 1,000 continuations)")
+        return {"seconds": dt, "tps": toks / dt, "cont": cont, "steps": steps}
+
+    mcts = MCTSConfig(continuations=args.k, search_limit=args.search_limit, rollout_budget=args.budget)
+    res = {
+        "exhaustive": measure("mc-label exhaustive", MC(MCLabelConfig(continuations=args.k), spec, sampling,
+                                                        lambda: checker), n, "mc_label"),
+        "binary": measure("mc-label binary", MC(MCLabelConfig(continuations=args.k, mode="binary"), spec, sampling,
+                                                lambda: checker), n, "mc_label"),
+        "mcts": measure("mcts-label together", MCTS(mcts, spec, sampling, lambda: checker), n, "mcts_label"),
+        "mcts1": measure("mcts-label one by one", MCTS(mcts, spec, sampling, lambda: checker), 1, "mcts_label"),
+    }
+    ex = res["exhaustive"]
+    print()
+    print(f"solutions: {n}, K = {args.k}, max_tokens {args.max_tokens}; mcts-label: search limit "
+          f"{args.search_limit}, budget {args.budget} continuations per problem")
+    print("labelled steps per 1,000 continuations: " + ", ".join(
+        f"{k} {1000 * v['steps'] / v['cont']:.1f}" for k, v in res.items() if k != "mcts1"))
+    print(f"generated tokens/s ratio to exhaustive mc-label: binary {res['binary']['tps'] / ex['tps']:.2f}, "
+          f"mcts-label {res['mcts']['tps'] / ex['tps']:.2f} (target >= 0.8)")
+    print(f"mcts-label all problems together vs one at a time: tokens/s x{res['mcts']['tps'] / res['mcts1']['tps']:.2f}, "
+          f"wall time x{res['mcts1']['seconds'] / res['mcts']['seconds']:.2f} "
+          f"({res['mcts']['cont']} vs {res['mcts1']['cont']} continuations)")
+    checker.close()
+    engine.close()
+
+
+if __name__ == "__main__":
+    main()

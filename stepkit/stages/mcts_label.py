@@ -1,0 +1,512 @@
+"""``mcts-label``: OmegaPRM's tree search over step prefixes, rollout trees and step preference pairs.
+
+Method (Luo et al. 2024, *Improve Mathematical Reasoning in Language Models by Automated Process
+Supervision*, "OmegaPRM"; node values from descendant outcomes as in TreePS-RAG / PORTool; sibling
+preference pairs as in MCTS-DPO). Per problem:
+
+* A **state** is the problem plus a step prefix (a node of the tree, ``node_id`` ``<problem_id>/n<k>``,
+  ``n0`` the root). A **rollout** is a completion from a state to a final answer, split into steps with
+  ``--split`` and graded against ``reference_answer``; one cut off by ``max_tokens`` is *truncated*:
+  counted, excluded from values, never a candidate. ``MC(s) = successes / graded`` over the state's own
+  rollouts (K = ``--continuations`` sampled ones; the root also owns the problem's seed rows when IN is
+  a trajectories shard).
+* The root gets K rollouts. A problem whose root MC is 1 or 0 is recorded as ``all_correct`` /
+  ``all_wrong`` and not searched; with no graded root rollout it is ``no_signal``. ``--filter-rollouts
+  N`` first samples N extra root rollouts and skips the problem when they are all correct or all wrong
+  (the paper's question filter; they count against the budget, not in MC).
+* The **candidate pool** holds the incorrect graded rollouts ``(s, r)`` of states with ``0 < MC(s) < 1``.
+  Each **selection** takes ``argmax Q(s, r) + U(s)`` with ``Q = alpha^(1 - MC(s)) * beta^(len(r) / L)``
+  (``len(r)`` in generated tokens, ``L`` = ``--length-scale``) and
+  ``U(s) = c_puct * sqrt(sum_s' N(s')) / (1 + N(s))``, computed with the current visit counts; the pair
+  leaves the pool for good and ``N(s)`` grows by one.
+* The selected rollout's steps are **binary-searched** for the first error (no recovery assumed, as in
+  ``mc-label --mode binary``): each probe is the state ``s + r[:j]``, estimated with exactly K rollouts
+  unless that prefix is already a node; ``MC > 0`` moves right, ``MC = 0`` left. Every probed prefix is
+  a node; new states' incorrect rollouts join the pool.
+* The search stops after ``--search-limit`` selections, when the pool is empty, or when the next K
+  rollouts would exceed ``--rollout-budget`` continuations for the problem (checked before every probe,
+  so the budget is never exceeded).
+* A node's value is its own MC (``--value own``) or the mean outcome of every graded rollout whose steps
+  pass through its prefix (``--value subtree``: its own rollouts, its descendants', and any rollout from
+  an ancestor that continued through it).
+
+Outputs (``docs/architecture.md``, "Records"; the tree's parent of a node is the deepest node whose
+prefix is a proper prefix of its own):
+
+* OUT: one trajectory row per distinct complete rollout in the tree (seed rows keep their id and
+  columns; new ones get ``<problem_id>:m<j>``), with per-step lists ``mcts_value``, ``mcts_rollouts``,
+  ``mcts_successes``, ``mcts_visits``, ``mcts_label`` (value > 0), ``mcts_node_id`` (null where the prefix
+  ending at that step is not a node; the last step's value is the graded outcome, as in ``mc-label``),
+  and per row ``mcts_first_error`` (first step of value 0, -1 none; null when the problem was not
+  searched and nothing is known) and ``mcts_status`` (``ok``, ``all_correct``, ``all_wrong``,
+  ``no_signal``, ``ungraded`` for a truncated seed).
+* ``--tree-out``: one row per node (:data:`stepkit.schema.MCTS_NODE_FIELDS`).
+* ``--pairs-out``: two children of one node whose values differ by at least ``--pair-margin``:
+  ``prefix_steps`` (the node's), ``chosen`` / ``rejected`` (the steps from it to each child), values and
+  counts (:data:`stepkit.schema.MCTS_PAIR_FIELDS`).
+
+Scheduling: every problem of a chunk searches in its own coroutine and awaits the engine's
+asynchronous path (:meth:`stepkit.engines.base.Engine.agenerate`), so the engine batches all searches'
+requests and none waits for another's slowest continuation. A problem's rows are never split across
+chunks (``group_by``), so its tree is committed whole.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from stepkit.engines.base import EngineSpec, Request, SamplingConfig
+from stepkit.errors import ConfigError, InputError, RowError
+from stepkit.grading.answers import extract_final_answer
+from stepkit.grading.steps import split_steps
+from stepkit.options import Config, opt
+from stepkit.prompts import CONTINUATION, PromptTemplate, render_continuation
+from stepkit.runner import EngineStage, SideOutput
+from stepkit.schema import (
+    MCTS_FIELDS,
+    MCTS_NODE_FIELDS,
+    MCTS_PAIR_FIELDS,
+    PROBLEM_FIELDS,
+    TRAJECTORY_FIELDS,
+    check_values,
+    extend_schema,
+)
+from stepkit.stages.mc_label import FirstErrorSearch
+
+VALUES = ("own", "subtree")
+
+
+@dataclass(frozen=True)
+class MCTSConfig(Config):
+    """Options of ``mcts-label``; defaults are the paper's.
+
+    Raises:
+        ConfigError: a value out of range, or a budget smaller than the root's rollouts.
+    """
+
+    continuations: int = opt(8, "K: rollouts per new state (the paper's 8).", short="-k", min=1, max=4096)
+    search_limit: int = opt(100, "Selections per problem (the paper's 100).", min=0, max=1_000_000)
+    rollout_budget: int | None = opt(None, "Continuations per problem, never exceeded (checked before every "
+                                     "probe) [default: no limit].", min=1)
+    c_puct: float = opt(0.125, "Exploration weight of U(s).", min=0)
+    alpha: float = opt(0.5, "Q's base for 1 - MC(s).", min=0, max=1, min_open=True)
+    beta: float = opt(0.9, "Q's base for the rollout length.", min=0, max=1, min_open=True)
+    length_scale: float = opt(500, "L: rollout length (tokens) that costs one factor of beta.", min=0, min_open=True)
+    filter_rollouts: int = opt(0, "Question filter: skip a problem whose first N root rollouts are all correct "
+                               "or all wrong (0: off).", min=0, max=4096)
+    value: str = opt("own", "Node value: own (its K rollouts) or subtree (every graded rollout through it).",
+                     choices=VALUES)
+    pair_margin: float = opt(0.5, "Smallest value difference of a preference pair.", min=0, max=1)
+    split: str = opt("newline", "How rollouts are split into steps: newline, blank, step, auto, or a regex.")
+    tree_out: str | None = opt(None, "Also write the tree, one row per node, here.", identity=False)
+    pairs_out: str | None = opt(None, "Also write step preference pairs here.", identity=False)
+    stop: tuple[str, ...] = opt((), "Extra stop string(s) for rollouts.", identity=False)  # in sampling
+
+    def __post_init__(self):
+        super().__post_init__()
+        try:
+            split_steps("a\nb", self.split)
+        except ValueError as e:
+            raise ConfigError(f"--split: {e}") from None
+        if self.rollout_budget is not None and self.rollout_budget < self.continuations + self.filter_rollouts:
+            raise ConfigError(f"--rollout-budget {self.rollout_budget} leaves no room for the root's "
+                              f"{self.filter_rollouts + self.continuations} rollouts")
+
+
+@dataclass(eq=False)
+class Rollout:
+    """One rollout: the state it continues, its own steps, outcome (None: truncated) and token count."""
+
+    state: Node
+    steps: tuple[str, ...]
+    text: str
+    correct: bool | None
+    tokens: int
+    seed: dict | None = None  # the input row, for seed rollouts
+
+    @property
+    def path(self) -> tuple[str, ...]:
+        return self.state.prefix + self.steps
+
+
+@dataclass(eq=False)
+class Node:
+    """A state: a step prefix with its own rollouts and visit count."""
+
+    index: int
+    prefix: tuple[str, ...]
+    rollouts: list[Rollout] = field(default_factory=list)
+    visits: int = 0
+
+    @property
+    def graded(self) -> list[Rollout]:
+        return [r for r in self.rollouts if r.correct is not None]
+
+    @property
+    def successes(self) -> int:
+        return sum(1 for r in self.rollouts if r.correct)
+
+    @property
+    def truncated(self) -> int:
+        return sum(1 for r in self.rollouts if r.correct is None)
+
+    @property
+    def mc(self) -> float | None:
+        """``MC(s)``: successes / graded own rollouts (None with none graded)."""
+        g = len(self.graded)
+        return self.successes / g if g else None
+
+
+class Tree:
+    """One problem's search: nodes by prefix, the candidate pool, selection and the budget.
+
+    Args:
+        cfg: the search options.
+        sample: ``await sample(prefix, k) -> [(steps, text, correct, tokens), ...]``: k rollouts of a
+            state, ``correct`` None when truncated (the stage's engine + grader; tests pass exact policies).
+        sep: how the steps of a path are joined (the seeds' ``step_separator``).
+    """
+
+    def __init__(self, cfg: MCTSConfig, sample, sep: str = "\n"):
+        self.cfg, self.sample, self.sep = cfg, sample, sep
+        self.nodes: dict[tuple[str, ...], Node] = {}
+        self.pool: list[tuple[Node, Rollout]] = []
+        self.continuations = 0  # sampled by this search (filter rollouts included)
+        self.selections = 0
+        self.budget_stop = False
+        self.root = self.node(())
+
+    def node(self, prefix: tuple[str, ...]) -> Node:
+        if prefix not in self.nodes:
+            self.nodes[prefix] = Node(len(self.nodes), prefix)
+        return self.nodes[prefix]
+
+    def can_spend(self, k: int) -> bool:
+        """Whether ``k`` more continuations fit the budget (checked before every estimate)."""
+        b = self.cfg.rollout_budget
+        return b is None or self.continuations + k <= b
+
+    async def estimate(self, state: Node) -> None:
+        """K rollouts of ``state`` (exactly K: a state is estimated once); its incorrect ones join the pool
+        when ``0 < MC < 1``."""
+        got = await self.sample(state.prefix, self.cfg.continuations)
+        self.continuations += self.cfg.continuations
+        for steps, text, correct, tokens in got:
+            state.rollouts.append(Rollout(state, tuple(steps), text, correct, tokens))
+        self._add_candidates(state)
+
+    def _add_candidates(self, state: Node) -> None:
+        mc = state.mc
+        if mc is not None and 0 < mc < 1:
+            self.pool += [(state, r) for r in state.rollouts if r.correct is False and r.steps]
+
+    def score(self, state: Node, rollout: Rollout, total_visits: int) -> float:
+        """``Q(s, r) + U(s)`` with the current visit counts."""
+        c = self.cfg
+        q = c.alpha ** (1 - state.mc) * c.beta ** (rollout.tokens / c.length_scale)
+        u = c.c_puct * math.sqrt(total_visits) / (1 + state.visits)
+        return q + u
+
+    def select(self) -> tuple[Node, Rollout] | None:
+        """Take the best pool entry (first of equals), remove it for good and count the visit."""
+        if not self.pool:
+            return None
+        total = sum(n.visits for n in self.nodes.values())
+        best = max(range(len(self.pool)), key=lambda i: (self.score(*self.pool[i], total), -i))
+        state, rollout = self.pool.pop(best)
+        state.visits += 1
+        self.selections += 1
+        return state, rollout
+
+    async def search(self, seeds: list[Rollout]) -> str:
+        """Run the whole search; return the problem's status."""
+        c = self.cfg
+        if c.filter_rollouts:
+            got = await self.sample((), c.filter_rollouts)
+            self.continuations += c.filter_rollouts
+            graded = [ok for _, _, ok, _ in got if ok is not None]
+            if graded and (all(graded) or not any(graded)):
+                return "all_correct" if all(graded) else "all_wrong"
+        for r in seeds:
+            r.state = self.root
+            self.root.rollouts.append(r)
+        await self.estimate(self.root)
+        mc = self.root.mc
+        if mc is None:
+            return "no_signal"
+        if mc in (0.0, 1.0):
+            return "all_correct" if mc == 1 else "all_wrong"
+        while self.selections < c.search_limit:
+            picked = self.select()
+            if picked is None:
+                break
+            state, rollout = picked
+            search = FirstErrorSearch(len(rollout.steps), False)
+            while (j := search.next_probe()) is not None:
+                probe = self.nodes.get(state.prefix + rollout.steps[:j])
+                if probe is None:
+                    if not self.can_spend(c.continuations):
+                        self.budget_stop = True
+                        return "ok"
+                    probe = self.node(state.prefix + rollout.steps[:j])
+                    await self.estimate(probe)
+                search.observe(j, probe.mc)
+        return "ok"
+
+    # -- what the tree says -----------------------------------------------------------------------
+
+    def parent(self, node: Node) -> Node | None:
+        """The deepest node whose prefix is a proper prefix of ``node``'s."""
+        for d in range(len(node.prefix) - 1, -1, -1):
+            p = self.nodes.get(node.prefix[:d])
+            if p is not None:
+                return p
+        return None
+
+    def value(self, node: Node) -> float | None:
+        if self.cfg.value == "own":
+            return node.mc
+        return self.subtree_value(node)
+
+    def subtree_value(self, node: Node) -> float | None:
+        """Mean outcome of every graded rollout whose path passes through ``node``'s prefix."""
+        n = len(node.prefix)
+        outs = [r.correct for s in self.nodes.values() for r in s.rollouts
+                if r.correct is not None and len(r.path) >= n and r.path[:n] == node.prefix]
+        return sum(outs) / len(outs) if outs else None
+
+
+class MCTSLabelStage(EngineStage):
+    """The ``mcts-label`` stage (see the module docstring for the method).
+
+    Args:
+        cfg: the stage's options (:class:`MCTSConfig`).
+        engine: the policy that rolls out from states (built once, only if there is work).
+        sampling: explicit sampling parameters (the CLI adds the default stop strings).
+        checker_factory: builds the answer checker (default: the math-verify pool).
+        template: the continuation prompt template (as ``mc-label``'s).
+        generator: the ``generator`` of new rollout rows (default: the engine's model name).
+    """
+
+    name = "mcts-label"
+    required_columns = ("problem_id", "prompt", "reference_answer")
+    default_chunk_size = 4
+    one_to_one = False
+    group_by = "problem_id"
+
+    def __init__(self, cfg: MCTSConfig, engine: EngineSpec, sampling: SamplingConfig, checker_factory=None,
+                 template: PromptTemplate = CONTINUATION, generator: str | None = None):
+        super().__init__(cfg, engine, sampling, checker_factory)
+        self.template, self.generator = template, generator or engine.model
+
+    def config(self) -> dict[str, Any]:
+        return {**super().config(), "prompt_template": {"version": self.template.version, "hash": self.template.hash()}}
+
+    def output_schema(self, input_schema: pa.Schema) -> pa.Schema:
+        base = input_schema if "steps" in input_schema.names else pa.schema(
+            TRAJECTORY_FIELDS + [f for f in PROBLEM_FIELDS if f.name == "reference_steps"])
+        return extend_schema(base, MCTS_FIELDS)
+
+    def side_outputs(self) -> dict[str, SideOutput]:
+        outs = {}
+        if self.cfg.tree_out:
+            outs["tree"] = SideOutput(Path(self.cfg.tree_out), pa.schema(MCTS_NODE_FIELDS))
+        if self.cfg.pairs_out:
+            outs["pairs"] = SideOutput(Path(self.cfg.pairs_out), pa.schema(MCTS_PAIR_FIELDS))
+        return outs
+
+    def validate(self, rows, path, first_row):
+        if first_row == 0:
+            self._seen_ids = set()
+        check_values(rows, path, first_row, ("problem_id", "prompt"), unique="id" if rows and "id" in rows[0] else None,
+                     seen=self._seen_ids)
+        for i, r in enumerate(rows):
+            if "steps" in r and not r.get("error") and not r.get("steps"):
+                raise InputError(path, "steps is null or empty", row=first_row + i, column="steps")
+
+    # -- the method ---------------------------------------------------------------------------------
+
+    def process(self, rows: list[dict]):
+        """Search every problem of the chunk concurrently; return its trajectory rows, counters and the
+        tree / pair rows."""
+        groups: dict[str, list[dict]] = {}
+        for r in rows:
+            groups.setdefault(r["problem_id"], []).append(r)
+        golds = {g[0].get("reference_answer") for g in groups.values() if g[0].get("reference_answer")}
+        bad = self.checker.gold_problems(sorted(golds)) if golds else {}
+        results = asyncio.run(self._search_all(list(groups.values()), bad))
+        counters = {"problems": len(groups), "continuations": 0, "selections": 0, "nodes": 0, "pairs": 0,
+                    "budget_stops": 0, "truncated": 0}
+        out, tree_rows, pair_rows = [], [], []
+        for group, (tree, status, error) in zip(groups.values(), results):
+            if tree is None:
+                out += self._error_rows(group, error)
+                continue
+            counters["continuations"] += tree.continuations
+            counters["selections"] += tree.selections
+            counters["nodes"] += len(tree.nodes)
+            counters["budget_stops"] += tree.budget_stop
+            counters["truncated"] += sum(n.truncated for n in tree.nodes.values())
+            rows_, nodes_, pairs_ = self._outputs(group, tree, status)
+            out += rows_
+            tree_rows += nodes_
+            pair_rows += pairs_
+            counters["pairs"] += len(pairs_)
+        wanted = self.side_outputs()
+        return out, counters, {k: v for k, v in (("tree", tree_rows), ("pairs", pair_rows)) if k in wanted}
+
+    def _error_rows(self, group: list[dict], error: str) -> list[dict]:
+        """The rows of a problem that cannot be searched: its trajectory rows keep an error (an upstream one
+        as it was); a problem row becomes one trajectory row with no steps and the error."""
+        if "steps" in group[0]:
+            return [{**r, **_EMPTY, "error": r.get("error") or RowError(self.name, error)} for r in group]
+        r = group[0]
+        return [{"id": f"{r['problem_id']}:m0", "problem_id": r["problem_id"], "source": r.get("source"),
+                 "prompt": r["prompt"], "reference_answer": r.get("reference_answer"), "steps": [],
+                 "step_separator": "\n", "generator": self.generator, **_EMPTY,
+                 "error": r.get("error") or RowError(self.name, error)}]
+
+    async def _search_all(self, groups, bad):
+        return await asyncio.gather(*(self._search_one(g, bad) for g in groups))
+
+    async def _search_one(self, group: list[dict], bad: dict):
+        first = group[0]
+        if all(r.get("error") for r in group):
+            return None, None, "all rows failed upstream"
+        gold = first.get("reference_answer")
+        if not gold:
+            return None, None, "no reference_answer (rollouts are graded against it)"
+        if bad.get(gold):
+            return None, None, f"unusable reference_answer: {bad[gold]}"
+        seeds = [r for r in group if r.get("steps") and not r.get("error")]
+        sep = (seeds[0].get("step_separator") if seeds else None) or ("\n\n" if self.cfg.split == "blank" else "\n")
+
+        async def sample(prefix: tuple[str, ...], k: int):
+            prompt = render_continuation(self.engine, first["prompt"], list(prefix), sep, len(prefix), self.template)
+            comps = await self.engine.agenerate(Request(prompt, k), self.sampling)
+            got, pairs = [], []
+            for c in comps:
+                if c.finish_reason == "error":
+                    raise _EngineRowError(c.error)
+                steps = split_steps(c.text, self.cfg.split)[0]
+                got.append([steps, c.text, None, c.num_tokens])
+                if not c.truncated:
+                    pairs.append((gold, extract_final_answer(c.text)))
+            oks = iter(self.checker.check_many(pairs))
+            for g, c in zip(got, comps):
+                if not c.truncated:
+                    g[2] = bool(next(oks))
+            return [tuple(g) for g in got]
+
+        tree = Tree(self.cfg, sample, sep)
+        count = getattr(self.engine, "count_tokens", None)
+        seed_rollouts = [Rollout(tree.root, tuple(r["steps"]), sep.join(r["steps"]), r.get("outcome_correct"),
+                                 count(sep.join(r["steps"])) if count else 0, seed=r) for r in seeds]
+        try:
+            status = await tree.search(seed_rollouts)
+        except _EngineRowError as e:
+            return None, None, f"engine: {e}"
+        return tree, status, None
+
+    def _outputs(self, group: list[dict], tree: Tree, status: str):
+        """(trajectory rows, node rows, pair rows) of one searched problem."""
+        first = group[0]
+        pid = first["problem_id"]
+        node_id = {n: f"{pid}/n{n.index}" for n in tree.nodes.values()}
+        values = {n: tree.value(n) for n in tree.nodes.values()}
+        searched = status == "ok"
+        rows, seen = [], set()
+        for r in group:  # seeds first, in input order; rows that failed upstream pass through
+            if "steps" not in r:  # a problems shard: nothing to keep but the new rollouts
+                continue
+            if r.get("error") or not r.get("steps"):
+                rows.append({**r, **_EMPTY})
+                continue
+            seen.add(tuple(r["steps"]))
+            rows.append({**r, **self._labels(tree, tuple(r["steps"]), r.get("outcome_correct"), status, node_id,
+                                             values)})
+        j = 0
+        for n in sorted(tree.nodes.values(), key=lambda n: n.index):
+            for ro in n.rollouts:
+                if ro.seed is not None or ro.correct is None or not ro.steps or ro.path in seen:
+                    continue
+                seen.add(ro.path)
+                row = {"id": f"{pid}:m{j}", "problem_id": pid, "source": first.get("source"),
+                       "prompt": first["prompt"], "reference_answer": first.get("reference_answer"),
+                       "reference_steps": first.get("reference_steps"), "steps": list(ro.path),
+                       "step_separator": tree.sep, "final_answer": extract_final_answer(ro.text),
+                       "outcome_correct": ro.correct, "generator": self.generator, "error": None}
+                row.update(self._labels(tree, ro.path, ro.correct, status, node_id, values))
+                rows.append(row)
+                j += 1
+        nodes = []
+        for n in sorted(tree.nodes.values(), key=lambda n: n.index):
+            p = tree.parent(n)
+            nodes.append({"problem_id": pid, "node_id": node_id[n], "parent_id": node_id[p] if p else None,
+                          "depth": len(n.prefix), "step": n.prefix[-1] if n.prefix else None,
+                          "edge_steps": list(n.prefix[len(p.prefix):]) if p else [],
+                          "visits": n.visits, "rollouts": len(n.rollouts), "successes": n.successes,
+                          "truncated": n.truncated, "value_own": n.mc, "value_subtree": tree.subtree_value(n)})
+        pairs = self._pairs(tree, first, node_id, values) if searched else []
+        return rows, nodes, pairs
+
+    def _labels(self, tree: Tree, path: tuple[str, ...], correct: bool | None, status: str, node_id, values):
+        m = len(path)
+        cols = {k: [] for k in ("mcts_value", "mcts_rollouts", "mcts_successes", "mcts_visits", "mcts_label",
+                                "mcts_node_id")}
+        for s in range(m):
+            n = tree.nodes.get(path[:s + 1])
+            v = values[n] if n is not None else None
+            if s == m - 1 and correct is not None:
+                v = 1.0 if correct else 0.0  # the value after the last step is the graded outcome
+            cols["mcts_value"].append(v)
+            cols["mcts_rollouts"].append(len(n.rollouts) if n else None)
+            cols["mcts_successes"].append(n.successes if n else None)
+            cols["mcts_visits"].append(n.visits if n else None)
+            cols["mcts_label"].append(None if v is None else v > 0)
+            cols["mcts_node_id"].append(node_id[n] if n else None)
+        if correct is None:
+            status, first = "ungraded", None
+        elif status in ("all_wrong", "no_signal"):
+            first = None  # nothing was searched: "wrong from step 0" would be a guess
+            cols["mcts_label"] = [None] * m
+        else:
+            first = next((s for s, v in enumerate(cols["mcts_value"]) if v == 0), -1)
+        return {**cols, "mcts_first_error": first, "mcts_status": status}
+
+    def _pairs(self, tree: Tree, first: dict, node_id, values) -> list[dict]:
+        children: dict[Node, list[Node]] = {}
+        for n in sorted(tree.nodes.values(), key=lambda n: n.index):
+            p = tree.parent(n)
+            if p is not None:
+                children.setdefault(p, []).append(n)
+        out = []
+        for parent, kids in children.items():
+            for a_i, a in enumerate(kids):
+                for b in kids[a_i + 1:]:
+                    va, vb = values[a], values[b]
+                    if va is None or vb is None or abs(va - vb) < self.cfg.pair_margin:
+                        continue
+                    good, worse = (a, b) if va > vb else (b, a)
+                    out.append({"problem_id": first["problem_id"], "prompt": first["prompt"],
+                                "node_id": node_id[parent], "prefix_steps": list(parent.prefix),
+                                "chosen": list(good.prefix[len(parent.prefix):]),
+                                "rejected": list(worse.prefix[len(parent.prefix):]),
+                                "chosen_node_id": node_id[good], "rejected_node_id": node_id[worse],
+                                "chosen_value": values[good], "rejected_value": values[worse],
+                                "chosen_rollouts": len(good.rollouts), "chosen_successes": good.successes,
+                                "rejected_rollouts": len(worse.rollouts), "rejected_successes": worse.successes})
+        return out
+
+
+class _EngineRowError(Exception):
+    """The engine failed on one of a problem's requests: the problem's rows keep an error."""
+
+
+_EMPTY = {f.name: None for f in MCTS_FIELDS}
