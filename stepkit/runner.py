@@ -108,6 +108,7 @@ class Stage:
     default_chunk_size = 16
     one_to_one = True  # False for stages that emit several rows per input row (rollout)
     group_by: str | None = None  # a column whose runs of equal values are never split across chunks
+    optional_columns: tuple[str, ...] = ()  # also handed to validate() when the shard has them
     cfg: Config | None = None
 
     def config(self) -> dict[str, Any]:
@@ -324,8 +325,8 @@ def plan_run(stage: Stage, in_path: str | os.PathLike, out_path: str | os.PathLi
         check_columns(schema, stage.required_columns, shard)
         stage.check_schema(schema, shard)
         join_cols = [side.on or side.key for side, _ in sides_in.values()]
-        columns = list(dict.fromkeys(list(stage.required_columns) + join_cols
-                                     + (["error"] if "error" in schema.names else [])))
+        extra = [c for c in (*stage.optional_columns, "error") if c in schema.names]
+        columns = list(dict.fromkeys(list(stage.required_columns) + join_cols + extra))
         for col in join_cols + ([stage.group_by] if stage.group_by else []):
             check_columns(schema, (col,), shard)
         groups = _GroupChunks(shard, chunk_size, stage.group_by)
@@ -341,12 +342,16 @@ def plan_run(stage: Stage, in_path: str | os.PathLike, out_path: str | os.PathLi
             raise ConfigError(f"{out}: OUT is a side input of this run; write the output somewhere else")
         _check_writable(out, shard)
         side_paths = {}
+        own_files = {manifest_path(out).resolve(), _parts_dir(out).resolve()}
         for name, side in sides_out.items():
             p = output_path(shard, in_path, Path(side.path))
             taken = {out.resolve(), shard.resolve(), *read_only, *(q.resolve() for q in side_paths.values())}
             if p.resolve() in taken:
                 raise ConfigError(f"{p}: the {name} output would overwrite IN, OUT, a side input or another "
                                   "output; give it its own path")
+            if own_files & {p.resolve(), manifest_path(p).resolve(), *p.resolve().parents}:
+                raise ConfigError(f"{p}: the {name} output would go into OUT's own files (its manifest or parts "
+                                  "folder); give it its own path")
             _check_writable(p, shard)
             side_paths[name] = p
         ident = _identity(stage, file_sha256(shard), chunk_size, side_hashes, list(sides_out))

@@ -32,6 +32,16 @@ def world(prefix, k, wrong_at=2):
     return [(good, "", True, 10) if j % 2 == 0 else (bad, "", False, 20) for j in range(k)]
 
 
+def expected_first_error(row):
+    """The first zero-valued step when the tree pins it (the step before it is a node of value > 0, or it
+    is step 0 of a searched tree), -1 for a correct path with no zero, else None."""
+    vals, nodes = row["mcts_value"], row["mcts_node_id"]
+    z = next((s for s, v in enumerate(vals) if v == 0), None)
+    if z is None:
+        return -1 if row["outcome_correct"] else None
+    return z if z == 0 or (nodes[z - 1] is not None and vals[z - 1] > 0) else None
+
+
 def run_tree(cfg, sample=world, seeds=()):
     calls = []
 
@@ -157,7 +167,7 @@ def test_outputs_are_consistent_with_each_other(tmp_path, checker):
                 assert n["depth"] == s + 1 and n["rollouts"] == r["mcts_rollouts"][s]
                 if s < len(r["steps"]) - 1:
                     assert r["mcts_value"][s] == pytest.approx(n["value_own"])
-        assert r["mcts_first_error"] == next((s for s, v in enumerate(r["mcts_value"]) if v == 0), -1)
+        assert r["mcts_first_error"] == expected_first_error(r)
         zero = [s for s, v in enumerate(r["mcts_value"][:-1]) if v == 0]
         if zero:  # a searched path: its first zero-valued node is exactly its first wrong step
             searched += 1
@@ -281,3 +291,92 @@ def test_async_searches_give_the_same_rows_whatever_order_answers_come_in(tmp_pa
         run_stage(st, seeds, tmp_path / f"b{i}.parquet", progress=False)
         labels.append(pq.read_table(tmp_path / f"b{i}.parquet").to_pylist())
     assert labels[0] == labels[1] and any(r["mc_first_error"] not in (None, -1) for r in labels[0])
+
+
+# --- found by a breaking session -------------------------------------------------------------------------
+
+def one_seed(tmp_path, steps=("c1", "w1", "The answer is 0."), correct=False, **extra):
+    seed = {"id": "s-1", "problem_id": "p0", "source": None, "prompt": "What is 6*7?", "reference_answer": "42",
+            "steps": list(steps), "step_separator": "\n", "final_answer": None, "outcome_correct": correct,
+            "generator": "human", "error": None, **extra}
+    src = tmp_path / "seed.parquet"
+    pq.write_table(pa.Table.from_pylist([seed], schema=TRAJECTORY_SCHEMA), src)
+    return src
+
+
+def test_an_unsearched_incorrect_path_has_no_first_error(tmp_path, checker):
+    """With no selection (search limit 0) or no budget for a probe, the last step's 0 is the outcome, not
+    a located first error."""
+    for kw in ({"search_limit": 0}, {"rollout_budget": 4}):
+        out = tmp_path / f"m{len(kw)}{list(kw)[0]}.parquet"
+        run_stage(stage(tmp_path, checker, tree_out=None, pairs_out=None, **kw), one_seed(tmp_path), out,
+                  progress=False)
+        rows = pq.read_table(out).to_pylist()
+        assert rows[0]["mcts_status"] == "ok" and rows[0]["mcts_first_error"] is None, kw
+        assert all(r["mcts_first_error"] is None for r in rows if not r["outcome_correct"]), kw
+        m = json.loads(out.with_name(out.stem + ".manifest.json").read_text())
+        assert m["counts"]["selections"] == 0 and m["counts"]["problems_ok"] == 1
+
+
+def test_the_filter_sees_the_seeds_and_counts_problems_by_status(tmp_path, checker):
+    class AllRight(ScriptedEngine):
+        pass
+
+    right = AllRight(lambda p, j, n: "c1\nThe answer is 42.", "scripted:right")
+    cfg = MCTSConfig(continuations=4, filter_rollouts=2)
+    out = tmp_path / "m.parquet"
+    run_stage(MCTSLabelStage(cfg, EngineSpec.of(right), SamplingConfig(max_tokens=64), lambda: checker),
+              one_seed(tmp_path), out, progress=False)
+    (row,) = [r for r in pq.read_table(out).to_pylist() if r["id"] == "s-1"]
+    # a wrong seed: the filter let the problem in (never "all_correct"); continuing (c1 w1) is always right
+    # here, so the search pins the error on the last step
+    assert row["mcts_status"] == "ok" and row["mcts_first_error"] == 2
+    src = problems(tmp_path, 2)
+    run_stage(MCTSLabelStage(cfg, EngineSpec.of(right), SamplingConfig(max_tokens=64), lambda: checker), src,
+              tmp_path / "p.parquet", progress=False)
+    m = json.loads((tmp_path / "p.manifest.json").read_text())
+    assert m["counts"]["problems_all_correct"] == 2 and m["counts"]["filter_continuations"] == 4
+
+
+def test_seed_shards_need_ids_and_outcomes_and_one_gold_per_problem(tmp_path, checker):
+    from stepkit.errors import InputError
+
+    src = one_seed(tmp_path)
+    t = pq.read_table(src)
+    pq.write_table(t.drop(["outcome_correct"]), tmp_path / "no-outcome.parquet")
+    with pytest.raises(InputError, match="column 'outcome_correct': missing column"):
+        run_stage(stage(tmp_path, checker), tmp_path / "no-outcome.parquet", tmp_path / "o.parquet", progress=False)
+    rows = t.to_pylist()
+    rows.append({**rows[0], "id": "s-2", "reference_answer": "41"})
+    pq.write_table(pa.Table.from_pylist(rows, schema=t.schema), tmp_path / "two.parquet")
+    with pytest.raises(InputError, match="row 1, column 'reference_answer': problem 'p0' has two reference answers"):
+        run_stage(stage(tmp_path, checker), tmp_path / "two.parquet", tmp_path / "o.parquet", progress=False)
+    dup = problems(tmp_path, 2)
+    pt = pq.read_table(dup)
+    pq.write_table(pa.Table.from_pylist([{**r, "problem_id": "p0"} for r in pt.to_pylist()], schema=pt.schema), dup)
+    with pytest.raises(InputError, match="column 'problem_id': duplicate value 'p0'"):
+        run_stage(stage(tmp_path, checker), dup, tmp_path / "o.parquet", progress=False)
+
+
+def test_own_output_as_input_gets_new_ids_that_do_not_collide(tmp_path, checker):
+    first = tmp_path / "m.parquet"
+    run_stage(stage(tmp_path, checker, tree_out=None, pairs_out=None), problems(tmp_path, 1), first, progress=False)
+    again = tmp_path / "again.parquet"
+    pq.write_table(pq.read_table(first).select(TRAJECTORY_SCHEMA.names), again)
+    run_stage(stage(tmp_path, checker, tree_out=None, pairs_out=None), again, tmp_path / "m2.parquet", progress=False)
+    ids = pq.read_table(tmp_path / "m2.parquet", columns=["id"]).column("id").to_pylist()
+    assert len(ids) == len(set(ids))
+
+
+def test_side_output_paths_that_would_clash_with_outs_own_files(tmp_path):
+    from tests.conftest import run_cli
+
+    src = problems(tmp_path, 1)
+    for bad in ("m.manifest.json", "m.parquet.parts/t.parquet"):
+        p = run_cli("mcts-label", src, tmp_path / "m.parquet", "--engine", "scripted", "--model", "scripted:echo",
+                    "--tree-out", tmp_path / bad, check=False)
+        assert p.returncode == 1 and "Traceback" not in p.stderr and "OUT's own files" in p.stderr, p.stderr
+        assert not (tmp_path / "m.parquet.parts").exists() and not (tmp_path / "m.manifest.json").is_dir()
+    p = run_cli("mcts-label", src, tmp_path / "m.parquet", "--engine", "scripted", "--model", "scripted:echo",
+                "--tree-out", "", check=False)
+    assert p.returncode == 1 and "--tree-out needs a path" in p.stderr

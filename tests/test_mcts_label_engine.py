@@ -22,6 +22,7 @@ from stepkit.shards import read_rows
 from stepkit.stages.ingest import IngestOptions, ingest
 from stepkit.stages.mcts_label import MCTSConfig, MCTSLabelStage
 from tests.conftest import DATA
+from tests.test_mcts_label import expected_first_error
 
 pytestmark = pytest.mark.engine
 
@@ -82,7 +83,7 @@ def test_tree_pairs_and_paths_agree(engine, checker, seeds, tmp_path):
                 assert n["depth"] == s + 1 and n["rollouts"] == r["mcts_rollouts"][s]
                 assert 0 <= n["successes"] <= n["rollouts"] and n["truncated"] <= n["rollouts"]
         if r["mcts_status"] == "ok":
-            assert r["mcts_first_error"] == next((s for s, v in enumerate(r["mcts_value"]) if v == 0), -1)
+            assert r["mcts_first_error"] == expected_first_error(r)
     m = json.loads((tmp_path / "m.manifest.json").read_text())
     roots = [n for n in nodes.values() if n["parent_id"] is None]
     assert len(roots) == 3

@@ -78,6 +78,31 @@ def test_generation_is_order_preserving_with_n_each_in_one_request():
         assert eng.generate([], SAMPLED) == []
 
 
+def test_submitted_requests_run_concurrently_and_match_generate():
+    """The asynchronous path: coroutines awaiting agenerate share the engine's loop and concurrency limit."""
+    import asyncio
+
+    with FakeServer(models=("fake-model",)) as fake, OpenAIEngine("fake-model", fake.base_url, concurrency=3) as eng:
+        sampling = SamplingConfig(temperature=0.7, max_tokens=32)
+        requests = [Request(f"prompt number {i:03d}", n=1 + i % 3) for i in range(12)]
+
+        async def chain(r):  # each coroutine waits for its own answer before asking again
+            first = await eng.agenerate(r, sampling)
+            second = await eng.agenerate(Request(r.prompt + "!", 1), sampling)
+            return first, second
+
+        async def main():
+            return await asyncio.gather(*(chain(r) for r in requests))
+
+        results = asyncio.run(main())
+        expected = eng.generate(requests, sampling)
+        assert [first for first, _ in results] == expected
+        assert all(len(second) == 1 and second[0].text.endswith("|0>") for _, second in results)
+        assert eng.stats.requests == 12 * 2 + 12
+        with pytest.raises(ConfigError, match="n >= 1"):
+            eng.submit(Request("x", 0), sampling)
+
+
 def test_greedy_n_is_sent_as_n_single_requests_and_seeds_are_opt_in():
     with FakeServer(models=("fake-model",)) as fake:
         with OpenAIEngine("fake-model", fake.base_url, per_request_seed=True) as eng:

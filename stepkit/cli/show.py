@@ -11,7 +11,7 @@ import click
 @click.option("--index", type=click.IntRange(0), default=None, help="Row index instead of an id.")
 @click.option("--status", default=None,
               help="Only rows with this status in some stage's status column: mc_status (ok, no_signal, "
-                   "ungraded) or judge_status (ok, parse_failure).")
+                   "ungraded), judge_status (ok, parse_failure) or mcts_status (ok, all_correct, all_wrong, ...).")
 def command(shard, row_id, index, status):
     """Show one trajectory: each step with its MC counts, value and label, colored, and the judge's verdict."""
     from stepkit.cli import stage_views

@@ -37,8 +37,9 @@ prefix is a proper prefix of its own):
   columns; new ones get ``<problem_id>:m<j>``), with per-step lists ``mcts_value``, ``mcts_rollouts``,
   ``mcts_successes``, ``mcts_visits``, ``mcts_label`` (value > 0), ``mcts_node_id`` (null where the prefix
   ending at that step is not a node; the last step's value is the graded outcome, as in ``mc-label``),
-  and per row ``mcts_first_error`` (first step of value 0, -1 none; null when the problem was not
-  searched and nothing is known) and ``mcts_status`` (``ok``, ``all_correct``, ``all_wrong``,
+  and per row ``mcts_first_error`` (the first step of value 0 where the tree pins it down: the prefix
+  before it is a node of value > 0; -1 for a correct path with no zero; null when the search did not
+  reach the path or the problem was not searched) and ``mcts_status`` (``ok``, ``all_correct``, ``all_wrong``,
   ``no_signal``, ``ungraded`` for a truncated seed).
 * ``--tree-out``: one row per node (:data:`stepkit.schema.MCTS_NODE_FIELDS`).
 * ``--pairs-out``: two children of one node whose values differ by at least ``--pair-margin``:
@@ -74,6 +75,7 @@ from stepkit.schema import (
     MCTS_PAIR_FIELDS,
     PROBLEM_FIELDS,
     TRAJECTORY_FIELDS,
+    check_columns,
     check_values,
     extend_schema,
 )
@@ -114,6 +116,9 @@ class MCTSConfig(Config):
             split_steps("a\nb", self.split)
         except ValueError as e:
             raise ConfigError(f"--split: {e}") from None
+        for name in ("tree_out", "pairs_out"):
+            if getattr(self, name) == "":
+                raise ConfigError(f"--{name.replace('_', '-')} needs a path")
         if self.rollout_budget is not None and self.rollout_budget < self.continuations + self.filter_rollouts:
             raise ConfigError(f"--rollout-budget {self.rollout_budget} leaves no room for the root's "
                               f"{self.filter_rollouts + self.continuations} rollouts")
@@ -179,6 +184,7 @@ class Tree:
         self.pool: list[tuple[Node, Rollout]] = []
         self.continuations = 0  # sampled by this search (filter rollouts included)
         self.selections = 0
+        self.filter_continuations = 0
         self.budget_stop = False
         self.root = self.node(())
 
@@ -227,10 +233,11 @@ class Tree:
     async def search(self, seeds: list[Rollout]) -> str:
         """Run the whole search; return the problem's status."""
         c = self.cfg
-        if c.filter_rollouts:
+        if c.filter_rollouts:  # the question filter also sees the seeds' outcomes
             got = await self.sample((), c.filter_rollouts)
             self.continuations += c.filter_rollouts
-            graded = [ok for _, _, ok, _ in got if ok is not None]
+            self.filter_continuations = c.filter_rollouts
+            graded = [ok for _, _, ok, _ in got if ok is not None] + [r.correct for r in seeds if r.correct is not None]
             if graded and (all(graded) or not any(graded)):
                 return "all_correct" if all(graded) else "all_wrong"
         for r in seeds:
@@ -243,6 +250,9 @@ class Tree:
         if mc in (0.0, 1.0):
             return "all_correct" if mc == 1 else "all_wrong"
         while self.selections < c.search_limit:
+            if not self.can_spend(c.continuations):  # a selection that cannot probe is not made
+                self.budget_stop = True
+                break
             picked = self.select()
             if picked is None:
                 break
@@ -296,7 +306,9 @@ class MCTSLabelStage(EngineStage):
 
     name = "mcts-label"
     required_columns = ("problem_id", "prompt", "reference_answer")
-    default_chunk_size = 4
+    optional_columns = ("id", "steps")  # a trajectories shard's seeds
+    _trajectories = False
+    default_chunk_size = 8
     one_to_one = False
     group_by = "problem_id"
 
@@ -321,11 +333,22 @@ class MCTSLabelStage(EngineStage):
             outs["pairs"] = SideOutput(Path(self.cfg.pairs_out), pa.schema(MCTS_PAIR_FIELDS))
         return outs
 
+    def check_schema(self, schema, path):
+        self._trajectories = "steps" in schema.names
+        if self._trajectories:  # seeds: they need an id and a graded outcome to join the root
+            check_columns(schema, ("id", "steps", "outcome_correct"), path)
+
     def validate(self, rows, path, first_row):
         if first_row == 0:
-            self._seen_ids = set()
-        check_values(rows, path, first_row, ("problem_id", "prompt"), unique="id" if rows and "id" in rows[0] else None,
-                     seen=self._seen_ids)
+            self._seen_ids, self._gold = set(), {}
+        # a problems shard has one row per problem; a trajectories shard unique row ids
+        check_values(rows, path, first_row, ("problem_id", "prompt"),
+                     unique="id" if self._trajectories else "problem_id", seen=self._seen_ids)
+        for i, r in enumerate(rows):
+            pid, gold = r.get("problem_id"), r.get("reference_answer")
+            if self._gold.setdefault(pid, gold) != gold:
+                raise InputError(path, f"problem {pid!r} has two reference answers ({self._gold[pid]!r:.40} and "
+                                       f"{gold!r:.40})", row=first_row + i, column="reference_answer")
         for i, r in enumerate(rows):
             if "steps" in r and not r.get("error") and not r.get("steps"):
                 raise InputError(path, "steps is null or empty", row=first_row + i, column="steps")
@@ -341,14 +364,17 @@ class MCTSLabelStage(EngineStage):
         golds = {g[0].get("reference_answer") for g in groups.values() if g[0].get("reference_answer")}
         bad = self.checker.gold_problems(sorted(golds)) if golds else {}
         results = asyncio.run(self._search_all(list(groups.values()), bad))
-        counters = {"problems": len(groups), "continuations": 0, "selections": 0, "nodes": 0, "pairs": 0,
-                    "budget_stops": 0, "truncated": 0}
+        counters = {"problems": len(groups), "continuations": 0, "filter_continuations": 0, "selections": 0,
+                    "nodes": 0, "pairs": 0, "budget_stops": 0, "truncated": 0,
+                    **{f"problems_{s}": 0 for s in ("ok", "all_correct", "all_wrong", "no_signal", "error")}}
         out, tree_rows, pair_rows = [], [], []
         for group, (tree, status, error) in zip(groups.values(), results):
-            if tree is None:
+            counters["continuations"] += tree.continuations if tree else 0
+            counters[f"problems_{status or 'error'}"] += 1
+            if error is not None:
                 out += self._error_rows(group, error)
                 continue
-            counters["continuations"] += tree.continuations
+            counters["filter_continuations"] += tree.filter_continuations
             counters["selections"] += tree.selections
             counters["nodes"] += len(tree.nodes)
             counters["budget_stops"] += tree.budget_stop
@@ -411,7 +437,7 @@ class MCTSLabelStage(EngineStage):
         try:
             status = await tree.search(seed_rollouts)
         except _EngineRowError as e:
-            return None, None, f"engine: {e}"
+            return tree, None, f"engine: {e}"
         return tree, status, None
 
     def _outputs(self, group: list[dict], tree: Tree, status: str):
@@ -432,11 +458,14 @@ class MCTSLabelStage(EngineStage):
             rows.append({**r, **self._labels(tree, tuple(r["steps"]), r.get("outcome_correct"), status, node_id,
                                              values)})
         j = 0
+        used = {r.get("id") for r in group}
         for n in sorted(tree.nodes.values(), key=lambda n: n.index):
             for ro in n.rollouts:
                 if ro.seed is not None or ro.correct is None or not ro.steps or ro.path in seen:
                     continue
                 seen.add(ro.path)
+                while f"{pid}:m{j}" in used:  # never the id of a seed (e.g. mcts-label's own output as IN)
+                    j += 1
                 row = {"id": f"{pid}:m{j}", "problem_id": pid, "source": first.get("source"),
                        "prompt": first["prompt"], "reference_answer": first.get("reference_answer"),
                        "reference_steps": first.get("reference_steps"), "steps": list(ro.path),
@@ -477,8 +506,20 @@ class MCTSLabelStage(EngineStage):
             first = None  # nothing was searched: "wrong from step 0" would be a guess
             cols["mcts_label"] = [None] * m
         else:
-            first = next((s for s, v in enumerate(cols["mcts_value"]) if v == 0), -1)
+            first = self._first_error(tree, path, cols["mcts_value"], values, correct)
         return {**cols, "mcts_first_error": first, "mcts_status": status}
+
+    @staticmethod
+    def _first_error(tree: Tree, path: tuple[str, ...], step_values: list, values, correct: bool) -> int | None:
+        """The first step of value 0 when the tree pins it down: the prefix before it is a node of value
+        > 0 (the root, for step 0), as a finished binary search leaves it. -1 for a correct path with no
+        zero (values do not recover once 0); None when the path was not searched far enough to know."""
+        z = next((s for s, v in enumerate(step_values) if v == 0), None)
+        if z is None:
+            return -1 if correct else None
+        before = tree.nodes.get(path[:z])
+        known = before is not None and values.get(before) is not None and values[before] > 0
+        return z if known else None
 
     def _pairs(self, tree: Tree, first: dict, node_id, values) -> list[dict]:
         children: dict[Node, list[Node]] = {}
