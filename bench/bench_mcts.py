@@ -8,12 +8,15 @@ and mcts-label, on the same real solutions with one engine, in one run.
   mc-label's (one engine call per chunk, the engine as full as it gets). Both searches submit their next
   request when an answer arrives (the engine's asynchronous path), so the ratio shows whether the engine
   stays full while searches wait on each other (target >= 0.8).
+* mcts-label's selections are one at a time per problem by default (the paper's order): with few
+  problems the last, longest searches run nearly alone. ``--parallel-selections`` lets a problem's
+  search work on several selections at once; its run is shown beside the default one.
 * Together vs one at a time: mcts-label over all problems in one chunk, against one problem per chunk
   (each problem's search alone on the engine): the tokens/s ratio (sampled amounts differ run to run).
 
 Prints ratios measured in this run, never absolute claims.
 
-Usage: python bench/bench_mcts.py [--solutions 16] [--k 4] [--max-tokens 128] [--search-limit 8] [--budget 48]
+Usage: python bench/bench_mcts.py [--solutions 16] [--k 4] [--max-tokens 128] [--search-limit 8] [--budget 48] [--parallel 8]
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--search-limit", type=int, default=8)
     ap.add_argument("--budget", type=int, default=48, help="mcts-label continuations per problem")
+    ap.add_argument("--parallel", type=int, default=8, help="--parallel-selections of the second mcts-label run")
     ap.add_argument("--model", default="smollm2-135m")
     args = ap.parse_args()
 
@@ -88,6 +92,8 @@ def main() -> None:
         return {"seconds": dt, "tps": toks / dt, "cont": cont, "steps": steps}
 
     mcts = MCTSConfig(continuations=args.k, search_limit=args.search_limit, rollout_budget=args.budget)
+    par = MCTSConfig(continuations=args.k, search_limit=args.search_limit, rollout_budget=args.budget,
+                     parallel_selections=args.parallel)
     res = {
         "exhaustive": measure("mc-label exhaustive", MC(MCLabelConfig(continuations=args.k), spec, sampling,
                                                         lambda: checker), n, "mc_label"),
@@ -95,6 +101,8 @@ def main() -> None:
                                                 lambda: checker), n, "mc_label"),
         "mcts": measure("mcts-label together", MCTS(mcts, spec, sampling, lambda: checker), n, "mcts_label"),
         "mcts1": measure("mcts-label one by one", MCTS(mcts, spec, sampling, lambda: checker), 1, "mcts_label"),
+        "mcts-parallel": measure(f"mcts-label parallel {args.parallel}", MCTS(par, spec, sampling, lambda: checker), n,
+                                 "mcts_label"),
     }
     ex = res["exhaustive"]
     print()
@@ -103,7 +111,8 @@ def main() -> None:
     print("labelled steps per 1,000 continuations: " + ", ".join(
         f"{k} {1000 * v['steps'] / v['cont']:.1f}" for k, v in res.items() if k != "mcts1"))
     print(f"generated tokens/s ratio to exhaustive mc-label: binary {res['binary']['tps'] / ex['tps']:.2f}, "
-          f"mcts-label {res['mcts']['tps'] / ex['tps']:.2f} (target >= 0.8)")
+          f"mcts-label {res['mcts']['tps'] / ex['tps']:.2f}, mcts-label --parallel-selections {args.parallel} "
+          f"{res['mcts-parallel']['tps'] / ex['tps']:.2f} (target >= 0.8)")
     print(f"mcts-label all problems together vs one at a time: tokens/s x{res['mcts']['tps'] / res['mcts1']['tps']:.2f}, "
           f"wall time x{res['mcts1']['seconds'] / res['mcts']['seconds']:.2f} "
           f"({res['mcts']['cont']} vs {res['mcts1']['cont']} continuations)")

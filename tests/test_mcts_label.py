@@ -380,3 +380,37 @@ def test_side_output_paths_that_would_clash_with_outs_own_files(tmp_path):
     p = run_cli("mcts-label", src, tmp_path / "m.parquet", "--engine", "scripted", "--model", "scripted:echo",
                 "--tree-out", "", check=False)
     assert p.returncode == 1 and "--tree-out needs a path" in p.stderr
+
+
+class Recording(Tree):
+    """A tree that records every selection and every state it samples, answering out of order."""
+
+    def __init__(self, cfg):
+        super().__init__(cfg, self.slow)
+        self.calls, self.picked = [], []
+
+    async def slow(self, prefix, k):
+        self.calls.append(prefix)
+        await asyncio.sleep(0.001 * (len(prefix) % 3))
+        return world(prefix, k)
+
+    def select(self):
+        p = super().select()
+        if p is not None:
+            self.picked.append(p)
+        return p
+
+
+def test_parallel_selections_keep_every_rule():
+    """Several selections of one problem side by side, answers arriving out of order: still one estimate
+    per state, no pair selected twice, visits counted, the budget and the limit never exceeded."""
+    for budget in (None, 12, 20, 33, 60):
+        for b in (2, 3, 5):
+            cfg = MCTSConfig(continuations=4, search_limit=12, rollout_budget=budget, parallel_selections=b)
+            tree = Recording(cfg)
+            assert asyncio.run(tree.search([])) == "ok"
+            assert len(tree.calls) == len(set(tree.calls)) == len(tree.nodes)
+            assert all(len(n.rollouts) == 4 for n in tree.nodes.values())
+            assert tree.continuations == 4 * len(tree.nodes) and (budget is None or tree.continuations <= budget)
+            assert len({id(r) for _, r in tree.picked}) == len(tree.picked) == tree.selections <= 12
+            assert sum(n.visits for n in tree.nodes.values()) == tree.selections

@@ -26,6 +26,9 @@ preference pairs as in MCTS-DPO). Per problem:
 * The search stops after ``--search-limit`` selections, when the pool is empty, or when the next K
   rollouts would exceed ``--rollout-budget`` continuations for the problem (checked before every probe,
   so the budget is never exceeded).
+* ``--parallel-selections B`` (default 1, the paper's order) lets one problem's search work on B
+  selections at once, each the best pair with the visit counts of that moment (a probe another
+  selection is estimating is awaited, never estimated twice; budget and limit hold as before).
 * A node's value is its own MC (``--value own``) or the mean outcome of every graded rollout whose steps
   pass through its prefix (``--value subtree``: its own rollouts, its descendants', and any rollout from
   an ancestor that continued through it).
@@ -104,6 +107,8 @@ class MCTSConfig(Config):
                                "or all wrong (0: off).", min=0, max=4096)
     value: str = opt("own", "Node value: own (its K rollouts) or subtree (every graded rollout through it).",
                      choices=VALUES)
+    parallel_selections: int = opt(1, "Selections a problem's search works on at once (1: the paper's one at "
+                                   "a time; more keeps the engine fuller on few problems).", min=1, max=64)
     pair_margin: float = opt(0.5, "Smallest value difference of a preference pair.", min=0, max=1)
     split: str = opt("newline", "How rollouts are split into steps: newline, blank, step, auto, or a regex.")
     tree_out: str | None = opt(None, "Also write the tree, one row per node, here.", identity=False)
@@ -148,6 +153,7 @@ class Node:
     prefix: tuple[str, ...]
     rollouts: list[Rollout] = field(default_factory=list)
     visits: int = 0
+    ready: Any = None  # an asyncio future, done once the state's rollouts are in
 
     @property
     def graded(self) -> list[Rollout]:
@@ -200,12 +206,17 @@ class Tree:
 
     async def estimate(self, state: Node) -> None:
         """K rollouts of ``state`` (exactly K: a state is estimated once); its incorrect ones join the pool
-        when ``0 < MC < 1``."""
-        got = await self.sample(state.prefix, self.cfg.continuations)
+        when ``0 < MC < 1``. The K continuations are counted before the request goes out, so searches
+        running side by side never overdraw the budget."""
         self.continuations += self.cfg.continuations
-        for steps, text, correct, tokens in got:
-            state.rollouts.append(Rollout(state, tuple(steps), text, correct, tokens))
-        self._add_candidates(state)
+        state.ready = asyncio.get_running_loop().create_future()
+        try:
+            got = await self.sample(state.prefix, self.cfg.continuations)
+            for steps, text, correct, tokens in got:
+                state.rollouts.append(Rollout(state, tuple(steps), text, correct, tokens))
+            self._add_candidates(state)
+        finally:
+            state.ready.set_result(None)
 
     def _add_candidates(self, state: Node) -> None:
         mc = state.mc
@@ -249,25 +260,51 @@ class Tree:
             return "no_signal"
         if mc in (0.0, 1.0):
             return "all_correct" if mc == 1 else "all_wrong"
-        while self.selections < c.search_limit:
+        self._changed = asyncio.Event()  # the pool grew or a search ended (parallel selections wait on it)
+        self._running = 0
+        await asyncio.gather(*(self._selections() for _ in range(c.parallel_selections)))
+        return "ok"
+
+    async def _selections(self) -> None:
+        """Select and binary-search until the limit, the budget or an empty pool. With
+        ``parallel_selections`` > 1 several of these run side by side on one tree: each takes the best
+        pair with the visit counts of that moment; a probe another search is estimating is awaited,
+        not estimated twice."""
+        c = self.cfg
+        while self.selections < c.search_limit and not self.budget_stop:
             if not self.can_spend(c.continuations):  # a selection that cannot probe is not made
                 self.budget_stop = True
                 break
             picked = self.select()
             if picked is None:
-                break
-            state, rollout = picked
-            search = FirstErrorSearch(len(rollout.steps), False)
-            while (j := search.next_probe()) is not None:
-                probe = self.nodes.get(state.prefix + rollout.steps[:j])
-                if probe is None:
-                    if not self.can_spend(c.continuations):
-                        self.budget_stop = True
-                        return "ok"
-                    probe = self.node(state.prefix + rollout.steps[:j])
-                    await self.estimate(probe)
-                search.observe(j, probe.mc)
-        return "ok"
+                if self._running == 0:
+                    break  # nothing left, and no running search can add to the pool
+                self._changed.clear()
+                await self._changed.wait()
+                continue
+            self._running += 1
+            try:
+                await self._binary_search(*picked)
+            finally:
+                self._running -= 1
+                self._changed.set()
+
+    async def _binary_search(self, state: Node, rollout: Rollout) -> None:
+        c = self.cfg
+        search = FirstErrorSearch(len(rollout.steps), False)
+        while (j := search.next_probe()) is not None:
+            prefix = state.prefix + rollout.steps[:j]
+            probe = self.nodes.get(prefix)
+            if probe is None:
+                if not self.can_spend(c.continuations):
+                    self.budget_stop = True
+                    return
+                probe = self.node(prefix)
+                await self.estimate(probe)
+                self._changed.set()
+            elif probe.ready is not None and not probe.ready.done():
+                await probe.ready
+            search.observe(j, probe.mc)
 
     # -- what the tree says -----------------------------------------------------------------------
 
