@@ -60,6 +60,21 @@ def split_steps(text: str, mode: str = "auto") -> tuple[list[str], str]:
     return steps, _MODE_SEPARATORS.get(mode, "\n")
 
 
+def check_split(mode: str, option: str = "--split") -> str:
+    """``mode`` if :func:`split_steps` accepts it (a known mode, or a regex that consumes text).
+
+    Raises:
+        ConfigError: naming ``option``, with why the mode cannot split.
+    """
+    from stepkit.errors import ConfigError
+
+    try:
+        split_steps("a\nb", mode)
+    except ValueError as e:
+        raise ConfigError(f"{option}: {e}") from None
+    return mode
+
+
 def join_steps(steps: list[str], separator: str) -> str:
     """Join steps with their recorded separator."""
     return separator.join(steps)

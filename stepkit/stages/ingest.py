@@ -26,9 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from stepkit import __version__
-from stepkit.errors import ConfigError, InputError
+from stepkit.errors import InputError
 from stepkit.grading.answers import extract_final_answer, extract_gsm8k_reference, strip_calculator_annotations
-from stepkit.grading.steps import split_steps
+from stepkit.grading.steps import check_split, split_steps
 from stepkit.options import Config, opt
 from stepkit.schema import PROBLEM_SCHEMA, REFERENCE_FIELDS, TRAJECTORY_SCHEMA, extend_schema
 from stepkit.shards import file_sha256, write_shard
@@ -69,10 +69,7 @@ class IngestOptions(Config):
 
     def __post_init__(self):
         super().__post_init__()
-        try:
-            split_steps("a\nb", self.split)
-        except ValueError as e:
-            raise ConfigError(f"--split: {e}") from None
+        check_split(self.split)
 
 
 def read_jsonl(path: Path) -> Iterator[tuple[int, dict]]:

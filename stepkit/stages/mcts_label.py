@@ -68,7 +68,7 @@ import pyarrow as pa
 from stepkit.engines.base import EngineSpec, Request, SamplingConfig
 from stepkit.errors import ConfigError, InputError, RowError
 from stepkit.grading.answers import extract_final_answer
-from stepkit.grading.steps import split_steps
+from stepkit.grading.steps import check_split, split_steps
 from stepkit.options import Config, opt
 from stepkit.prompts import CONTINUATION, PromptTemplate, render_continuation
 from stepkit.runner import EngineStage, SideOutput
@@ -117,10 +117,7 @@ class MCTSConfig(Config):
 
     def __post_init__(self):
         super().__post_init__()
-        try:
-            split_steps("a\nb", self.split)
-        except ValueError as e:
-            raise ConfigError(f"--split: {e}") from None
+        check_split(self.split)
         for name in ("tree_out", "pairs_out"):
             if getattr(self, name) == "":
                 raise ConfigError(f"--{name.replace('_', '-')} needs a path")

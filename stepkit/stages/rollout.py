@@ -23,7 +23,7 @@ import pyarrow as pa
 from stepkit.engines.base import EngineSpec, Request, SamplingConfig
 from stepkit.errors import ConfigError, InputError, RowError
 from stepkit.grading.answers import extract_final_answer
-from stepkit.grading.steps import split_steps
+from stepkit.grading.steps import check_split, split_steps
 from stepkit.options import Config, check_field, field_names, opt
 from stepkit.runner import EngineStage
 from stepkit.schema import PROBLEM_FIELDS, ROLLOUT_FIELDS, TRAJECTORY_FIELDS, check_values
@@ -116,10 +116,7 @@ class RolloutConfig(Config):
         super().__post_init__()
         if self.fewshot and not self.fewshot_file:
             raise ConfigError("--fewshot needs --fewshot-file (or fewshot_file in the recipe)")
-        try:
-            split_steps("a\nb", self.split)
-        except ValueError as e:
-            raise ConfigError(f"--split: {e}") from None
+        check_split(self.split)
 
     def prompt(self) -> RolloutPrompt:
         """The prompt these options describe (reads the few-shot exemplars from ``fewshot_file``)."""
@@ -165,10 +162,7 @@ def load_recipe(path: str | Path) -> dict[str, Any]:
         if not ok:
             raise ConfigError(f"{path}: recipe key {key!r} has {type(value).__name__} {value!r:.60}, expected text")
     if "split" in doc:
-        try:
-            split_steps("a\nb", doc["split"])
-        except ValueError as e:
-            raise ConfigError(f"{path}: recipe key 'split': {e}") from None
+        check_split(doc["split"], f"{path}: recipe key 'split'")
     if isinstance(doc.get("stop"), list):
         doc["stop"] = list(doc["stop"])
     if doc.get("fewshot_file"):  # relative to the recipe file
