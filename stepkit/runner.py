@@ -295,9 +295,15 @@ def _describe_change(old: dict, new: dict) -> str:
         return f"side outputs {old.get('side_outputs') or []} -> {new.get('side_outputs') or []}"
     if old.get("chunk_size") != new.get("chunk_size"):
         return f"chunk size {old.get('chunk_size')} -> {new.get('chunk_size')}"
-    a, b = old.get("config", {}), new.get("config", {})
-    diffs = [k for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
-    return "changed: " + ", ".join(f"{k} {a.get(k)!r} -> {b.get(k)!r}" for k in diffs[:3]) if diffs else "configuration changed"
+    diffs = _diff(old.get("config", {}), new.get("config", {}))
+    return "changed: " + ", ".join(f"{k} {a!r} -> {b!r}" for k, a, b in diffs[:3]) if diffs else "configuration changed"
+
+
+def _diff(a: Any, b: Any, path: str = "") -> list[tuple[str, Any, Any]]:
+    """The leaves that differ between two config documents, as ``(dotted key, old, new)``."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return [d for k in sorted(set(a) | set(b)) for d in _diff(a.get(k), b.get(k), f"{path}.{k}" if path else k)]
+    return [] if a == b else [(path, a, b)]
 
 
 def plan_run(stage: Stage, in_path: str | os.PathLike, out_path: str | os.PathLike, opts: RunOptions) -> list[ShardPlan]:
@@ -418,8 +424,9 @@ class _GroupChunks:
             if v != self.last:
                 if v in self.seen:
                     raise InputError(self.shard, f"rows of {self.col} {v!r} are not contiguous (a stage that "
-                                                 f"works per {self.col} needs them together: sort by it)",
-                                     row=first + i, column=self.col)
+                                                 f"works per {self.col} needs them together: sort the shard by "
+                                                 f"it, e.g. pq.write_table(pq.read_table(IN).sort_by("
+                                                 f"'{self.col}'), SORTED))", row=first + i, column=self.col)
                 self.seen.add(v)
                 if first + i:
                     self.starts.append(first + i)

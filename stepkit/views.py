@@ -142,13 +142,14 @@ def print_row(shard, row_id: str | None = None, index: int | None = None, status
     rows = _load(shard)
     if rows and not any("steps" in r for r in rows):
         raise InputError(shard, "has no 'steps' column: show displays trajectory shards")
-    status_cols = [v.status_column for v in views if v.status_column]
+    present_cols = set().union(*(r.keys() for r in rows)) if rows else set()
+    status_cols = [v.status_column for v in views if v.status_column and v.status_column in present_cols]
     if status is not None:
         every = rows
         rows = [r for r in rows if any(r.get(c) == status for c in status_cols)]
         if not rows:
             have = sorted({str(r.get(c)) for r in every for c in status_cols if r.get(c)})
-            raise InputError(shard, f"no row with {' or '.join(status_cols)} {status!r} "
+            raise InputError(shard, f"no row with {' or '.join(status_cols) or 'a status column'} {status!r} "
                                     f"(present: {', '.join(have) or 'none'})")
     if not rows:
         raise InputError(shard, "shard has no rows")

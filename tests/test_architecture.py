@@ -351,3 +351,14 @@ def test_option_bounds_and_templates_without_a_mode(solutions, tmp_path):
         EngineSpec("scripted", "scripted:echo", -1)
     with pytest.raises(ConfigError, match="--temperature must be a finite number"):
         SamplingConfig(temperature=10**400)
+
+
+# --- found by a new-user trial -----------------------------------------------------------------------------
+
+def test_a_changed_setting_is_named_by_its_own_key_and_scripted_models_need_their_engine(solutions, tmp_path):
+    common = ["--engine", "scripted", "--model", "scripted:echo", "-k", "2", "--no-progress"]
+    run_cli("mc-label", solutions, tmp_path / "o.parquet", *common)
+    p = run_cli("mc-label", solutions, tmp_path / "o.parquet", *common, "--temperature", "0.5", check=False)
+    assert p.returncode == 1 and "sampling.temperature 0.8 -> 0.5" in p.stderr and "top_p" not in p.stderr
+    p = run_cli("mc-label", solutions, tmp_path / "x.parquet", "--model", "scripted:echo", check=False)
+    assert p.returncode == 2 and "add --engine scripted" in p.stderr

@@ -72,5 +72,6 @@ class _LazyGroup(click.Group):
 def main():
     """Build step-labeled datasets for process reward models (PRMs).
 
-    Stages read and write Parquet shards: ingest -> rollout -> mc-label / judge -> eval, stats, show.
+    Stages read and write Parquet shards: ingest -> rollout -> mc-label / mcts-label / judge -> eval,
+    stats, show.
     """

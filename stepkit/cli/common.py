@@ -52,6 +52,8 @@ def engine_spec(kw: dict) -> EngineSpec:
     """
     name = kw["engine"]
     ctx = click.get_current_context()
+    if kw["model"].startswith("scripted") and name != "scripted":
+        raise click.UsageError(f"--model {kw['model']} is a scripted stand-in: add --engine scripted")
     own = {f.name for f in dataclasses.fields(engine_class(name).Options)}
     for other in ENGINES:
         for f in dataclasses.fields(engine_class(other).Options):

@@ -206,7 +206,7 @@ def engine_class(name: str) -> type[Engine]:
     return getattr(importlib.import_module(module), cls)
 
 
-def engine_options(name: str, options: dict[str, Any]) -> Config:
+def checked_engine_options(name: str, options: dict[str, Any]) -> Config:
     """``options`` checked against engine ``name``'s ``Options`` dataclass.
 
     Raises:
@@ -234,7 +234,7 @@ def make_engine(name: str, model: str, seed: int = 0, **options) -> Engine:
     Raises:
         ConfigError: unknown engine name or option, or the backend cannot load ``model``.
     """
-    opts = engine_options(name, options)
+    opts = checked_engine_options(name, options)
     values = {f.name: getattr(opts, f.name) for f in dataclasses.fields(opts)}  # as given (asdict would copy)
     return engine_class(name).create(model, seed=seed, **values)
 
@@ -264,7 +264,7 @@ class EngineSpec:
     def __post_init__(self):
         check_field(SamplingConfig, "seed", self.seed)
         if self.factory is None:
-            engine_options(self.name, self.options)
+            checked_engine_options(self.name, self.options)
 
     @classmethod
     def of(cls, engine: Engine) -> "EngineSpec":
@@ -274,7 +274,7 @@ class EngineSpec:
     def identity(self) -> dict[str, Any]:
         """What changes results: name, model, seed, and the engine's options marked ``identity``
         (not where a server runs, so a rerun against a restarted server resumes)."""
-        opts = identity(engine_options(self.name, self.options)) if self.factory is None else {}
+        opts = identity(checked_engine_options(self.name, self.options)) if self.factory is None else {}
         seeded = self.name not in ENGINES or engine_class(self.name).uses_seed
         return {"name": self.name, "model": self.model, **({"seed": self.seed} if seeded else {}), **opts}
 
