@@ -156,3 +156,10 @@ def test_rollout_keeps_reference_steps(problems, checker, tmp_path):
     run_stage(stage, problems, tmp_path / "o.parquet", progress=False)
     rows = pq.read_table(tmp_path / "o.parquet").to_pylist()
     assert rows[0]["reference_steps"] == pq.read_table(problems).column("reference_steps").to_pylist()[0]
+
+
+def test_fewshot_exemplars_must_not_be_the_problems_sampled(problems, tmp_path):
+    p = subprocess.run([sys.executable, "-m", "stepkit.cli", "rollout", str(problems), str(tmp_path / "o.parquet"),
+                        "--engine", "scripted", "--model", "scripted:echo", "--fewshot", "1", "--fewshot-file",
+                        str(problems), "--no-progress"], capture_output=True, text=True)
+    assert p.returncode == 1 and "row 0, column 'prompt': this problem is also a few-shot exemplar" in p.stderr

@@ -215,6 +215,11 @@ class RolloutStage(EngineStage):
             self._seen = set()
         # One row per problem: a trajectory shard (problem_id repeated) would give duplicate ids.
         check_values(rows, path, first_row, ("problem_id", "prompt"), unique="problem_id", seen=self._seen)
+        shots = {ex["problem"].strip() for ex in self.prompt.fewshot}
+        for i, r in enumerate(rows):  # an exemplar's gold solution in the prompt of its own problem
+            if (r.get("prompt") or "").strip() in shots:
+                raise InputError(path, "this problem is also a few-shot exemplar (--fewshot-file must hold other "
+                                       "problems)", row=first_row + i, column="prompt")
 
     def process(self, rows):
         """Sample ``samples`` solutions for each problem row (one engine call per chunk) and return one
