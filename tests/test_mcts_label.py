@@ -39,7 +39,8 @@ def expected_first_error(row):
     z = next((s for s, v in enumerate(vals) if v == 0), None)
     if z is None:
         return -1 if row["outcome_correct"] else None
-    return z if z == 0 or (nodes[z - 1] is not None and vals[z - 1] > 0) else None
+    # (a node whose rollouts were all truncated has no value: it pins nothing)
+    return z if z == 0 or (nodes[z - 1] is not None and vals[z - 1] is not None and vals[z - 1] > 0) else None
 
 
 def run_tree(cfg, sample=world, seeds=()):
