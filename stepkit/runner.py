@@ -641,7 +641,7 @@ def _run_shard(stage: Stage, plan: ShardPlan, opts: RunOptions, console) -> Shar
     out_schema = stage.output_schema(plan.schema)
     side_schemas = {name: s.schema for name, s in stage.side_outputs().items()}
     side_tables = _load_side_tables(stage, plan)
-    bounds = plan.chunks or [(a, min(a + chunk_size, n_rows)) for a in range(0, n_rows, chunk_size)]
+    bounds = plan.chunks  # decided by plan_run (whole group_by runs per chunk)
     n_chunks = len(bounds)
     committed = {i for i in range(n_chunks) if _part(parts, i).exists()}
     result = ShardResult(shard, out, "done", chunks=n_chunks, resumed_chunks=len(committed))

@@ -71,11 +71,10 @@ def sampling(kw: dict, stop=(), **overrides) -> SamplingConfig:
 
 def run(stage, inp, out, kw: dict, title: str) -> None:
     """Run ``stage`` with the runner options in ``kw`` and print the summary table."""
-    from stepkit.runner import LocalExecutor, plan_run
+    from stepkit.runner import run_stage
 
     opts = from_params(_run_options_class(), kw)
-    plans = plan_run(stage, inp, out, opts)
-    results = LocalExecutor().run(stage, plans, opts)
+    results = run_stage(stage, inp, out, **{f.name: getattr(opts, f.name) for f in dataclasses.fields(opts)})
     if not results:
         click.echo(f"{title}: no shard for --rank {opts.rank} of --world-size {opts.world_size}; nothing to do",
                    err=True)

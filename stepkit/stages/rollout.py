@@ -163,8 +163,6 @@ def load_recipe(path: str | Path) -> dict[str, Any]:
             raise ConfigError(f"{path}: recipe key {key!r} has {type(value).__name__} {value!r:.60}, expected text")
     if "split" in doc:
         check_split(doc["split"], f"{path}: recipe key 'split'")
-    if isinstance(doc.get("stop"), list):
-        doc["stop"] = list(doc["stop"])
     if doc.get("fewshot_file"):  # relative to the recipe file
         p = Path(doc["fewshot_file"])
         doc["fewshot_file"] = str(p if p.is_absolute() else (Path(path).parent / p))
