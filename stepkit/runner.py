@@ -68,11 +68,12 @@ class SideOutput:
     Attributes:
         path: where the user asked for it (a ``.parquet`` file, or a folder), mapped per shard as OUT is
             (a folder IN writes ``path/<shard name>``).
-        schema: its explicit schema.
+        schema: its explicit schema; None for the stage's output schema of the shard (filter's
+            dropped rows have the columns of the rows it keeps).
     """
 
     path: Path
-    schema: pa.Schema
+    schema: pa.Schema | None
 
 
 @dataclass(frozen=True)
@@ -639,7 +640,7 @@ def _run_shard(stage: Stage, plan: ShardPlan, opts: RunOptions, console) -> Shar
     write_json(parts / "run.json", ident)
 
     out_schema = stage.output_schema(plan.schema)
-    side_schemas = {name: s.schema for name, s in stage.side_outputs().items()}
+    side_schemas = {name: out_schema if s.schema is None else s.schema for name, s in stage.side_outputs().items()}
     side_tables = _load_side_tables(stage, plan)
     bounds = plan.chunks  # decided by plan_run (whole group_by runs per chunk)
     n_chunks = len(bounds)

@@ -126,6 +126,23 @@ MCTS_PAIR_FIELDS = [  # mcts-label --pairs-out: step preference pairs (two child
     pa.field("rejected_successes", pa.int32()),
 ]
 
+FILTER_FIELDS = [  # stepkit filter: why a row is (or would be) dropped, and what cutting did to its steps
+    pa.field("filter_reason", pa.string()),  # null: kept
+    pa.field("filter_rule", pa.string()),  # the rule, as written, that dropped the row
+    pa.field("filter_steps_before", pa.int32()),  # steps the row had before any filter cut them
+    pa.field("filter_kept_steps", pa.int32()),  # steps the cutting rules keep (with --flag-only: would keep)
+    pa.field("filter_cut_by", pa.string()),  # the rule that cut the steps (null: not cut)
+]
+
+# Per-step list columns: one entry per step, so cutting steps cuts them the same way (``stepkit filter``)
+# and their length must equal the step count. Lists that are not per step (``judge_votes``,
+# ``judge_replies``, ``reference_steps``) are not here. A new stage adds its per-step columns.
+PER_STEP_COLUMNS = frozenset(
+    ["steps", "reference_labels"]
+    + [f.name for f in MC_FIELDS + MCTS_FIELDS if pa.types.is_list(f.type)]
+    + ["judge_label", "judge_correct_votes"]
+)
+
 PROBLEM_SCHEMA = pa.schema(PROBLEM_FIELDS)
 TRAJECTORY_SCHEMA = pa.schema(TRAJECTORY_FIELDS)
 

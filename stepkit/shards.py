@@ -140,8 +140,7 @@ def read_manifest(shard: Path) -> dict[str, Any] | None:
 
 def _row_groups(table: pa.Table, max_bytes: int) -> Iterator[pa.Table]:
     n = table.num_rows
-    if n == 0:
-        yield table
+    if n == 0:  # no row group at all: a 0-row group is refused by some readers (datasets' batch size)
         return
     per_row = max(1, table.nbytes // n)
     step = max(1, max_bytes // per_row)

@@ -26,6 +26,11 @@ def runner_options(f):
     return click_options(_run_options_class())(f)
 
 
+def runner_options_only(*names: str):
+    """Some of the runner's options (a stage with no model has no use for ``--chunk-size`` or an error budget)."""
+    return lambda f: click_options(_run_options_class(), only=names)(f)
+
+
 def engine_options(f=None, *, temperature: float = 0.8, max_tokens: int = 256):
     """``--model``, ``--engine``, the sampling options and every engine's own options.
 

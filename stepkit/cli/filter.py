@@ -1,0 +1,93 @@
+"""``stepkit filter``: the command and its ``stats`` view (the rules: :mod:`stepkit.stages.filter`)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import click
+from rich.table import Table
+from rich.text import Text
+
+from stepkit.cli.common import run, runner_options_only
+from stepkit.options import click_options, from_params
+from stepkit.shards import read_manifest
+from stepkit.stages.filter import FilterConfig
+from stepkit.views import StageView
+
+
+@click.command("filter")
+@click.argument("inp", metavar="IN", type=click.Path())
+@click.argument("out", metavar="OUT", type=click.Path())
+@click_options(FilterConfig)
+@runner_options_only("force", "rank", "world_size", "progress")
+def command(inp, out, **kw):
+    """Keep the rows of IN that pass every --rule (in order); dropped rows go to --dropped.
+
+    \b
+    Rules: consensus:A,B  prof:COL  min-value:COL>=X  max-value:COL<=X  status:COL=V  status:COL!=V
+           dedupe  steps:MIN-MAX  no-error  truncate-after-first-error:COL  keep-correct-steps:COL
+    Cutting steps cuts every per-step column the same way. Writes filter_reason, filter_rule,
+    filter_steps_before, filter_kept_steps, filter_cut_by.
+    """
+    from stepkit.stages.filter import FilterStage
+
+    run(FilterStage(from_params(FilterConfig, kw)), inp, out, kw, "filter")
+
+
+def _filter_tables(rows, console, figs, shards):
+    """filter's part of ``stats``: rows and steps by reason, label balance before and after."""
+    flagged = Counter(r["filter_reason"] for r in rows if r.get("filter_reason"))
+    counts: dict[str, int] = {}
+    rules: list[str] = []
+    for m in map(read_manifest, shards):
+        if m and m.get("stage") == "filter":
+            for k, v in m.get("counts", {}).items():
+                if isinstance(v, int):
+                    counts[k] = counts.get(k, 0) + v
+            rules = m.get("config", {}).get("rule", rules)
+    if rules:
+        console.print(Text(f"filter rules, in order: {'  '.join(rules)}"))
+    figs["filter"] = {"counts": counts, "flagged_rows": dict(flagged)}
+    if counts:
+        t = Table(title="filter: rows and steps by reason")
+        for c in ("reason", "rows", "steps"):
+            t.add_column(c, justify="right" if c != "reason" else "left")
+        t.add_row("in", str(counts.get("rows_in", 0)), str(counts.get("steps_in", 0)))
+        dropped = {k.removeprefix("dropped_"): v for k, v in counts.items() if k.startswith("dropped_")}
+        for reason, n in sorted(dropped.items()):
+            t.add_row(Text(f"dropped: {reason}"), str(n), str(counts.get(f"steps_dropped_{reason}", 0)))
+        t.add_row("steps cut from kept rows", str(counts.get("rows_cut", 0)), str(counts.get("steps_cut", 0)))
+        t.add_row("kept", str(counts.get("rows_kept", 0)), str(counts.get("steps_kept", 0)))
+        console.print(t)
+        b = Table(title="label balance before -> after")
+        for c in ("label", "true / correct", "false / incorrect", "share true"):
+            b.add_column(c, justify="right" if c != "label" else "left")
+        for col in ["outcome"] + sorted(k[: -len("_true_in")] for k in counts if k.endswith("_true_in")):
+            pos_k, neg_k = ("outcome_correct", "outcome_incorrect") if col == "outcome" else (f"{col}_true", f"{col}_false")
+            cells = []
+            for when in ("in", "kept"):
+                p, n = counts.get(f"{pos_k}_{when}", 0), counts.get(f"{neg_k}_{when}", 0)
+                cells.append((p, n, f"{p / (p + n):.2f}" if p + n else "-"))
+            b.add_row(col, *(f"{cells[0][i]} -> {cells[1][i]}" for i in range(3)))
+        console.print(b)
+    if flagged:
+        f = Table(title="rows flagged (--flag-only) or dropped, by filter_reason")
+        f.add_column("reason")
+        f.add_column("rows", justify="right")
+        f.add_column("steps", justify="right")
+        for reason, n in flagged.most_common():
+            steps = sum(len(r.get("steps") or []) for r in rows if r.get("filter_reason") == reason)
+            f.add_row(Text(reason), str(n), str(steps))
+        console.print(f)
+
+
+def _header(row):
+    if row.get("filter_reason"):
+        return f"filter: dropped ({row['filter_reason']}) by {row.get('filter_rule')}"
+    if row.get("filter_cut_by"):
+        return (f"filter: {row.get('filter_steps_before')} steps cut to {row.get('filter_kept_steps')} "
+                f"by {row['filter_cut_by']}")
+    return None
+
+
+VIEW = StageView(marker="filter_reason", stats=_filter_tables, status_column="filter_reason", header=_header)

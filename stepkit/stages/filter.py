@@ -1,0 +1,478 @@
+"""``stepkit filter``: drop or cut labelled trajectories by rules, the way PRM papers curate their data.
+
+Rules run in the order given, each on the rows the earlier ones kept. A rule either **drops** a row
+(it goes to ``--dropped`` with ``filter_reason``, or stays flagged with ``--flag-only``: nothing is lost)
+or **cuts** its steps (keeps a prefix). Rules (``RULES`` below; ``COL`` names a column of IN):
+
+* ``consensus:A,B`` — keep rows whose first errors agree (Zhang et al. 2025, "The Lessons of Developing
+  Process Reward Models in Mathematical Reasoning": keep samples where MC estimation and an LLM judge
+  agree). ``A``/``B`` are first-error columns (int, ``-1`` = no error) or step-label columns
+  (list<bool>, read as the first false step). A null on either side drops the row as ``unlabelled``.
+* ``prof:COL`` — PROF (Ye et al. 2025, "Beyond Correctness: Harmonizing Process and Outcome Rewards
+  through RL Training"; amazon-science/PROF-GRPO). Per ``problem_id``, each row's consistency score is
+  the mean over its valid steps of ``2 * (v - m) * (2 * outcome - 1)``, ``v`` its value in ``COL``
+  (list<float> or list<bool>), ``m`` the mean of all valid step values of the problem's rows, minus
+  ``--step-penalty`` when the row has fewer than ``--min-steps`` or more than ``--max-steps`` steps.
+  ``--remove N`` rows per problem go, lowest score first, split between correct and incorrect rows so
+  that the counts left are as equal as possible (the larger side loses one first; on equal sides the
+  lower score goes). A row with no outcome or no valid value is ``unlabelled``.
+* ``min-value:COL>=X`` / ``min-value:COL>X`` and ``max-value:COL<=X`` / ``max-value:COL<X`` — keep rows
+  whose value (a number, or the minimum / maximum of a per-step list, nulls ignored) passes.
+* ``status:COL=V[,V...]`` keeps rows whose ``COL`` is one of the values; ``status:COL!=V[,V...]`` drops
+  them (``status:mc_status!=no_signal``).
+* ``dedupe`` — drops a row whose prompt and steps equal an earlier kept row's.
+* ``steps:MIN-MAX`` (``MIN-`` or ``-MAX`` for one bound) — keep rows with that many steps.
+* ``no-error`` — drops rows that carry an upstream ``error``.
+* ``truncate-after-first-error:COL`` — cut each row after its first error (PURE; Qwen's "Lessons":
+  labels after the first error are ambiguous); ``-1`` keeps every step; a null first error drops the
+  row as ``unlabelled``. Without this rule steps are kept whole: the card records which was used
+  (case ``truncate-after-first-error``).
+* ``keep-correct-steps:COL`` — keep only the steps before the first error (WebSTAR-style step filtering
+  for imitation data); a row whose first step is wrong has none left and is dropped (``no-correct-steps``).
+
+When steps are cut, every per-step column (``stepkit.schema.PER_STEP_COLUMNS`` and ``--step-column``)
+is cut the same way; per-step columns must have one entry per step, which is checked on the input
+(``InputError`` naming file, row and column) and again before writing. Scalar columns (first-error
+indices, outcomes) describe the row as it was labelled and are not rewritten: after
+``keep-correct-steps`` a first-error column equals the new step count.
+
+Columns (``stepkit.schema.FILTER_FIELDS``): ``filter_reason`` (null: kept; else ``unlabelled``,
+``consensus``, ``prof``, ``min-value``, ``max-value``, ``status``, ``dedupe``, ``steps``, ``error``,
+``no-correct-steps``), ``filter_rule`` (the rule as written), ``filter_steps_before``,
+``filter_kept_steps`` and ``filter_cut_by``. A row that arrives flagged (from an earlier ``--flag-only``
+run) counts as dropped with its reason. Filter holds one shard in memory (rules such as ``dedupe`` and
+``prof`` need all its rows), so a shard is one chunk.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+
+from stepkit.errors import ConfigError, InputError, StepkitError
+from stepkit.grading.verdicts import first_error_of
+from stepkit.options import Config, opt
+from stepkit.runner import SideOutput, Stage
+from stepkit.schema import FILTER_FIELDS, PER_STEP_COLUMNS, extend_schema
+
+RULE_SYNTAX = ("consensus:A,B | prof:COL | min-value:COL>=X | max-value:COL<=X | status:COL=V | "
+               "status:COL!=V | dedupe | steps:MIN-MAX | no-error | truncate-after-first-error:COL | "
+               "keep-correct-steps:COL")
+
+
+@dataclass(frozen=True)
+class FilterConfig(Config):
+    """``stepkit filter`` options (see the module docstring for the rules)."""
+
+    rule: tuple[str, ...] = opt((), f"A rule, repeatable, applied in order: {RULE_SYNTAX}.", metavar="RULE")
+    dropped: str | None = opt(None, "Write the dropped rows here (a .parquet file, or a folder for a folder IN).",
+                              identity=False)
+    flag_only: bool = opt(False, "Keep every row and every step; set filter_reason / filter_kept_steps instead.")
+    remove: int | None = opt(None, "prof: rows removed per problem_id.", min=1)
+    min_steps: int = opt(1, "prof: fewer steps than this are penalised.", min=1)
+    max_steps: int | None = opt(None, "prof: more steps than this are penalised.", min=1)
+    step_penalty: float = opt(1.0, "prof: subtracted from the consistency score outside --min/--max-steps.", min=0)
+    step_column: tuple[str, ...] = opt((), "A per-step list column of your own, cut with the steps (repeatable).",
+                                       metavar="COL")
+
+    def __post_init__(self):
+        super().__post_init__()
+        if not self.rule:
+            raise ConfigError("give at least one --rule")
+        if self.flag_only == (self.dropped is not None):
+            raise ConfigError("give --dropped FILE (where dropped rows go) or --flag-only (keep and flag them), "
+                              "so no row is lost" if not self.flag_only else
+                              "--flag-only keeps every row: --dropped has nothing to hold")
+        rules = [parse_rule(r) for r in self.rule]
+        if any(isinstance(r, Prof) for r in rules) and self.remove is None:
+            raise ConfigError("prof needs --remove N (rows to remove per problem_id)")
+        if self.max_steps is not None and self.max_steps < self.min_steps:
+            raise ConfigError(f"--max-steps {self.max_steps} is below --min-steps {self.min_steps}")
+
+
+# ---------------------------------------------------------------------------------------------- rules
+# A rule sees the rows still kept (views: steps and per-step columns already cut by earlier rules) and
+# returns one decision per row: KEEP, ("drop", reason) or ("cut", n_steps).
+
+KEEP = None
+
+
+class Rule:
+    """One ``--rule``: its text as written, the columns it reads, and its decisions."""
+
+    kind = ""
+    text = ""
+    columns: tuple[str, ...] = ()
+
+    def check_schema(self, schema: pa.Schema, path: Path) -> None:
+        for c in self.columns:
+            if c not in schema.names:
+                raise InputError(path, f"missing column for --rule {self.text!r} (has: {', '.join(schema.names)})",
+                                 column=c)
+
+    def decide(self, rows: list[dict], cfg: FilterConfig) -> list:
+        raise NotImplementedError
+
+
+def _first_error_kind(schema: pa.Schema, path: Path, col: str, rule: str) -> str:
+    t = schema.field(col).type
+    if pa.types.is_integer(t):
+        return "index"
+    if (pa.types.is_list(t) or pa.types.is_large_list(t)) and pa.types.is_boolean(t.value_type):
+        return "labels"
+    raise InputError(path, f"--rule {rule!r} needs a first-error index (int) or step labels (list<bool>), "
+                           f"found {t}", column=col)
+
+
+def first_error(row: dict, col: str) -> int | None:
+    """The row's first error from ``col``: an int index (``-1``: none) or list<bool> labels (first
+    false; None when a null label comes first); None when unknown."""
+    v = row.get(col)
+    if v is None or isinstance(v, int):
+        return v
+    return first_error_of(list(v)) if len(v) else None
+
+
+class _FirstErrorRule(Rule):
+    def check_schema(self, schema, path):
+        super().check_schema(schema, path)
+        for c in self.columns:
+            _first_error_kind(schema, path, c, self.text)
+
+
+class Consensus(_FirstErrorRule):
+    kind = "consensus"
+
+    def __init__(self, text, a, b):
+        self.text, self.columns = text, (a, b)
+
+    def decide(self, rows, cfg):
+        out = []
+        for r in rows:
+            a, b = (first_error(r, c) for c in self.columns)
+            out.append(("drop", "unlabelled") if a is None or b is None else KEEP if a == b else ("drop", "consensus"))
+        return out
+
+
+class Truncate(_FirstErrorRule):
+    """``truncate-after-first-error`` (keep through the error) or ``keep-correct-steps`` (before it)."""
+
+    def __init__(self, text, col, through_error: bool):
+        self.text, self.columns, self.through = text, (col,), through_error
+        self.kind = "truncate-after-first-error" if through_error else "keep-correct-steps"
+
+    def decide(self, rows, cfg):
+        out = []
+        for r in rows:
+            k, n = first_error(r, self.columns[0]), len(r["steps"])
+            if k is None:
+                out.append(("drop", "unlabelled"))
+            elif k < 0 or k >= n:  # no error among the (possibly already cut) steps
+                out.append(KEEP)
+            elif self.through:
+                out.append(("cut", k + 1) if k + 1 < n else KEEP)
+            else:
+                out.append(("cut", k) if k > 0 else ("drop", "no-correct-steps"))
+        return out
+
+
+def _values(v) -> list[float]:
+    """The non-null numbers of a cell (a number, or a per-step list of numbers or bools)."""
+    if v is None:
+        return []
+    if isinstance(v, (list, tuple)):
+        return [float(x) for x in v if x is not None]
+    return [float(v)]
+
+
+def _check_numeric(schema, path, col, rule):
+    t = schema.field(col).type
+    inner = t.value_type if pa.types.is_list(t) or pa.types.is_large_list(t) else t
+    if not (pa.types.is_integer(inner) or pa.types.is_floating(inner) or pa.types.is_boolean(inner)):
+        raise InputError(path, f"--rule {rule!r} needs numbers (or a per-step list of them), found {t}", column=col)
+
+
+class Threshold(Rule):
+    def __init__(self, text, kind, col, op, x):
+        self.text, self.kind, self.columns, self.op, self.x = text, kind, (col,), op, x
+
+    def check_schema(self, schema, path):
+        super().check_schema(schema, path)
+        _check_numeric(schema, path, self.columns[0], self.text)
+
+    def decide(self, rows, cfg):
+        out = []
+        for r in rows:
+            vs = _values(r.get(self.columns[0]))
+            if not vs:
+                out.append(("drop", "unlabelled"))
+                continue
+            v = min(vs) if self.kind == "min-value" else max(vs)
+            ok = {">=": v >= self.x, ">": v > self.x, "<=": v <= self.x, "<": v < self.x}[self.op]
+            out.append(KEEP if ok else ("drop", self.kind))
+        return out
+
+
+class Status(Rule):
+    kind = "status"
+
+    def __init__(self, text, col, negate, values):
+        self.text, self.columns, self.negate, self.values = text, (col,), negate, set(values)
+
+    def decide(self, rows, cfg):
+        return [KEEP if ((str(r.get(self.columns[0])) in self.values) != self.negate) else ("drop", "status")
+                for r in rows]
+
+
+class Dedupe(Rule):
+    kind = "dedupe"
+    text = "dedupe"
+    columns = ("prompt", "steps")
+
+    def decide(self, rows, cfg):
+        seen, out = set(), []
+        for r in rows:
+            key = (r.get("prompt"), tuple(r["steps"]))
+            out.append(("drop", "dedupe") if key in seen else KEEP)
+            seen.add(key)
+        return out
+
+
+class Steps(Rule):
+    kind = "steps"
+
+    def __init__(self, text, lo, hi):
+        self.text, self.lo, self.hi = text, lo, hi
+
+    def decide(self, rows, cfg):
+        return [KEEP if self.lo <= len(r["steps"]) <= self.hi else ("drop", "steps") for r in rows]
+
+
+class NoError(Rule):
+    kind = "error"
+    text = "no-error"
+
+    def decide(self, rows, cfg):
+        return [("drop", "error") if r.get("error") else KEEP for r in rows]
+
+
+class Prof(Rule):
+    kind = "prof"
+
+    def __init__(self, text, col):
+        self.text, self.columns = text, (col, "problem_id", "outcome_correct")
+
+    def check_schema(self, schema, path):
+        super().check_schema(schema, path)
+        _check_numeric(schema, path, self.columns[0], self.text)
+
+    def score(self, row: dict, mean: float, cfg: FilterConfig) -> float:
+        """PROF's consistency score of one row against its problem's mean step value ``mean``."""
+        sign = 2 * int(row["outcome_correct"]) - 1
+        vs = _values(row.get(self.columns[0]))
+        s = sum(2 * (v - mean) * sign for v in vs) / len(vs)
+        n = len(row["steps"])
+        if n < cfg.min_steps or (cfg.max_steps is not None and n > cfg.max_steps):
+            s -= cfg.step_penalty
+        return s
+
+    def decide(self, rows, cfg):
+        out: list = [KEEP] * len(rows)
+        groups: dict = {}
+        for i, r in enumerate(rows):
+            if r.get("outcome_correct") is None or not _values(r.get(self.columns[0])):
+                out[i] = ("drop", "unlabelled")
+            else:
+                groups.setdefault(r["problem_id"], []).append(i)
+        for idx in groups.values():
+            vals = [v for i in idx for v in _values(rows[i].get(self.columns[0]))]
+            mean = sum(vals) / len(vals)
+            sides = {True: [], False: []}  # outcome -> [(score, position)], lowest first
+            for i in idx:
+                sides[bool(rows[i]["outcome_correct"])].append((self.score(rows[i], mean, cfg), i))
+            for side in sides.values():
+                side.sort()
+            for _ in range(min(cfg.remove or 0, len(idx))):
+                pos, neg = sides[True], sides[False]
+                if len(pos) != len(neg):  # balance: the larger side loses one
+                    take = pos if len(pos) > len(neg) else neg
+                else:  # equal sides: the less consistent row goes
+                    take = pos if (pos[0] <= neg[0]) else neg
+                out[take.pop(0)[1]] = ("drop", "prof")
+        return out
+
+
+def _column(name: str, text: str) -> str:
+    if not re.fullmatch(r"[A-Za-z_][\w.\-]*", name or ""):
+        raise ConfigError(f"--rule {text!r}: {name!r} is not a column name")
+    return name
+
+
+def parse_rule(text: str) -> Rule:
+    """Parse one ``--rule`` (syntax: :data:`RULE_SYNTAX`).
+
+    Raises:
+        ConfigError: unknown rule or malformed arguments, naming the rule as written.
+    """
+    kind, _, arg = text.strip().partition(":")
+    try:
+        if kind == "dedupe" and not arg:
+            return Dedupe()
+        if kind == "no-error" and not arg:
+            return NoError()
+        if kind == "consensus":
+            a, _, b = arg.partition(",")
+            if not b or "," in b:
+                raise ValueError("needs two columns, consensus:A,B")
+            return Consensus(text, _column(a.strip(), text), _column(b.strip(), text))
+        if kind in ("truncate-after-first-error", "keep-correct-steps"):
+            return Truncate(text, _column(arg, text), kind == "truncate-after-first-error")
+        if kind == "prof":
+            return Prof(text, _column(arg, text))
+        if kind in ("min-value", "max-value"):
+            m = re.fullmatch(r"([^<>=!]+)(>=|>)(.+)" if kind == "min-value" else r"([^<>=!]+)(<=|<)(.+)", arg)
+            if not m:
+                raise ValueError(f"write {kind}:COL{'>=' if kind == 'min-value' else '<='}X")
+            x = float(m.group(3))
+            if not math.isfinite(x):
+                raise ValueError("the threshold must be a finite number")
+            return Threshold(text, kind, _column(m.group(1).strip(), text), m.group(2), x)
+        if kind == "status":
+            m = re.fullmatch(r"([^=!]+)(!=|=)(.+)", arg)
+            if not m:
+                raise ValueError("write status:COL=VALUE or status:COL!=VALUE")
+            return Status(text, _column(m.group(1).strip(), text), m.group(2) == "!=",
+                          [v.strip() for v in m.group(3).split(",")])
+        if kind == "steps":
+            m = re.fullmatch(r"(\d*)-(\d*)", arg)
+            if not m or not (m.group(1) or m.group(2)):
+                raise ValueError("write steps:MIN-MAX, steps:MIN- or steps:-MAX")
+            lo, hi = int(m.group(1) or 1), int(m.group(2)) if m.group(2) else 10**9
+            if lo > hi:
+                raise ValueError(f"MIN {lo} is above MAX {hi}")
+            return Steps(text, lo, hi)
+    except ValueError as e:
+        raise ConfigError(f"--rule {text!r}: {e}") from None
+    raise ConfigError(f"--rule {text!r}: unknown rule (rules: {RULE_SYNTAX})")
+
+
+# ---------------------------------------------------------------------------------------------- stage
+
+class FilterStage(Stage):
+    """Apply ``cfg.rule`` to each shard (one chunk per shard); dropped rows are a side output."""
+
+    name = "filter"
+    one_to_one = False
+    default_chunk_size = 1 << 40  # the whole shard: dedupe and prof need every row
+
+    def __init__(self, cfg: FilterConfig):
+        self.cfg = cfg
+        self.rules = [parse_rule(r) for r in cfg.rule]
+        self.required_columns = ("prompt", "steps")  # each rule checks its own columns (naming the rule)
+        self.optional_columns = tuple(sorted(PER_STEP_COLUMNS | set(cfg.step_column) | {"filter_reason"}))
+
+    def output_schema(self, input_schema):
+        return extend_schema(input_schema, FILTER_FIELDS)
+
+    def side_outputs(self):
+        return {"dropped": SideOutput(Path(self.cfg.dropped), None)} if self.cfg.dropped else {}
+
+    def check_schema(self, schema, path):
+        for c in self.cfg.step_column:
+            if c not in schema.names:
+                raise InputError(path, f"missing --step-column (has: {', '.join(schema.names)})", column=c)
+            t = schema.field(c).type
+            if not (pa.types.is_list(t) or pa.types.is_large_list(t)):
+                raise InputError(path, f"--step-column must be a list column, found {t}", column=c)
+        for rule in self.rules:
+            rule.check_schema(schema, path)
+
+    def validate(self, rows, path, first_row):
+        """Every per-step column of a row has one entry per step (null cells are allowed)."""
+        for i, r in enumerate(rows):
+            n = len(r["steps"]) if r.get("steps") is not None else None
+            for c in r:
+                v = r[c]
+                if c != "steps" and (c in PER_STEP_COLUMNS or c in self.cfg.step_column) and v is not None \
+                        and n is not None and len(v) != n:
+                    raise InputError(path, f"per-step column has {len(v)} entries for {n} steps",
+                                     row=first_row + i, column=c)
+
+    def _step_columns(self, rows: list[dict]) -> list[str]:
+        present = rows[0].keys() if rows else ()
+        return [c for c in present if c in PER_STEP_COLUMNS or c in self.cfg.step_column]
+
+    def process(self, rows):
+        cfg = self.cfg
+        step_cols = self._step_columns(rows)
+
+        def cut(row: dict, n: int) -> dict:
+            return {**row, **{c: row[c][:n] for c in step_cols if row.get(c) is not None}}
+
+        views = [dict(r) for r in rows]  # steps as cut so far
+        reason: list[tuple[str, str] | None] = [None] * len(rows)
+        cut_by: list[str | None] = [None] * len(rows)
+        for i, r in enumerate(rows):
+            if r.get("filter_reason"):  # flagged by an earlier --flag-only run
+                reason[i] = (r["filter_reason"], r.get("filter_rule") or "")
+        for rule in self.rules:
+            alive = [i for i in range(len(rows)) if reason[i] is None]
+            for i, d in zip(alive, rule.decide([views[i] for i in alive], cfg)):
+                if d is KEEP:
+                    continue
+                if d[0] == "drop":
+                    reason[i] = (d[1], rule.text)
+                elif d[1] < len(views[i]["steps"]):
+                    views[i], cut_by[i] = cut(views[i], d[1]), rule.text
+        counters: dict[str, int] = {"rows_in": len(rows), "steps_in": sum(len(r["steps"]) for r in rows)}
+        kept, dropped = [], []
+        for i, r in enumerate(rows):
+            before = r.get("filter_steps_before")
+            meta = {"filter_reason": reason[i][0] if reason[i] else None,
+                    "filter_rule": reason[i][1] if reason[i] else None,
+                    "filter_steps_before": before if before is not None else len(r["steps"]),
+                    "filter_kept_steps": len(views[i]["steps"]), "filter_cut_by": cut_by[i]}
+            if reason[i] is None:
+                out = {**(r if cfg.flag_only else views[i]), **meta}
+                _check_lengths(out, step_cols)
+                kept.append(out)
+                _count(counters, "rows_cut", 1 if cut_by[i] else 0)
+                _count(counters, "steps_cut", len(r["steps"]) - len(views[i]["steps"]))
+            else:
+                (kept if cfg.flag_only else dropped).append({**r, **meta})
+                _count(counters, f"dropped_{reason[i][0]}", 1)
+                _count(counters, f"steps_dropped_{reason[i][0]}", len(r["steps"]))
+        final = [views[i] for i in range(len(rows)) if reason[i] is None]
+        counters["rows_kept"] = len(final)
+        counters["rows_dropped"] = len(rows) - len(final)
+        counters["steps_kept"] = sum(len(r["steps"]) for r in final)
+        labels = [c for c in step_cols if c.endswith(("_label", "_labels"))]
+        _balance(counters, rows, "in", labels)
+        _balance(counters, final, "kept", labels)
+        return kept, counters, ({"dropped": dropped} if cfg.dropped else {})
+
+
+def _check_lengths(row: dict, step_cols: list[str]) -> None:
+    """The write-time check: every per-step column of an output row has one entry per step."""
+    n = len(row["steps"])
+    for c in step_cols:
+        if row.get(c) is not None and len(row[c]) != n:
+            raise StepkitError(f"filter: internal error, row {row.get('id')!r}: per-step column {c!r} has "
+                               f"{len(row[c])} entries for {n} steps")
+
+
+def _count(counters: dict, key: str, n: int) -> None:
+    counters[key] = counters.get(key, 0) + n
+
+
+def _balance(counters: dict, rows: list[dict], when: str, label_columns: list[str]) -> None:
+    """Label balance: correct/incorrect outcomes, and true/false steps of each per-step label column."""
+    _count(counters, f"outcome_correct_{when}", sum(1 for r in rows if r.get("outcome_correct") is True))
+    _count(counters, f"outcome_incorrect_{when}", sum(1 for r in rows if r.get("outcome_correct") is False))
+    for c in label_columns:
+        _count(counters, f"{c}_true_{when}", sum(1 for r in rows for x in (r.get(c) or []) if x is True))
+        _count(counters, f"{c}_false_{when}", sum(1 for r in rows for x in (r.get(c) or []) if x is False))
