@@ -1,0 +1,48 @@
+"""``stepkit export``: the command (the formats: :mod:`stepkit.stages.export`)."""
+
+from __future__ import annotations
+
+import click
+
+from stepkit.options import click_options, from_params
+from stepkit.stages.export import ExportConfig
+
+SOFT_WARNING = ("warning: TRL's PRMTrainer converts each label with int(), so soft labels such as 0.75 train as 0; "
+                "use these labels with a trainer that reads floats, or export hard labels (--threshold X)")
+
+
+@click.command("export")
+@click.argument("inp", metavar="IN", type=click.Path())
+@click.argument("out", metavar="OUT", type=click.Path())
+@click_options(ExportConfig)
+@click.option("--force", is_flag=True, help="Replace an earlier export in OUT.")
+def command(inp, out, force, **kw):
+    """Write the labelled rows of IN as a dataset folder OUT in the Hub layout (OUT/data/*.parquet).
+
+    \b
+    --format trl           prompt, completions, labels (TRL stepwise supervision)
+    --format math-shepherd input / label with ' ки' step tags and +/-, task
+    --format processbench  id, generator, problem, steps, final_answer_correct, label (first error)
+    --format pairs         prompt, chosen, rejected (DPO) from an mcts-label --pairs-out shard
+    """
+    from rich.table import Table
+
+    from stepkit.stages.export import export
+    from stepkit.views import make_console
+
+    cfg = from_params(ExportConfig, kw)
+    m = export(inp, out, cfg, force=force)
+    if cfg.format == "trl" and cfg.soft:
+        click.echo(SOFT_WARNING, err=True)
+    t = Table(title=f"export {cfg.format} -> {out}", show_header=False)
+    t.add_row("labels", m["label_rule"])
+    for s, info in m["splits"].items():
+        t.add_row(f"split {s}", f"{info['rows']} rows in {len(info['files'])} file(s)")
+    c = m["counts"]
+    t.add_row("rows in / out", f"{c['rows_in']} / {c['rows_out']}")
+    t.add_row("dropped: null labels", str(c["null_labels"]))
+    if cfg.format == "trl":
+        t.add_row("steps", str(c["steps"]))
+        t.add_row("mean soft label" if cfg.soft else "labels true / false",
+                  str(c.get("mean_label", "-")) if cfg.soft else f"{c['labels_true']} / {c['labels_false']}")
+    make_console(stderr=True).print(t)

@@ -1,0 +1,382 @@
+"""``stepkit export``: labelled trajectories -> a dataset folder in the Hugging Face Hub layout.
+
+Formats (``FORMATS``), each with explicit ``datasets`` features (never inferred from the rows):
+
+* ``trl`` — TRL's stepwise supervision (``trl`` docs, "Dataset formats": ``prompt`` string,
+  ``completions`` list of step strings, ``labels`` one per step). Hard labels are ``List(bool)``;
+  ``--soft`` writes ``List(float32)`` from a value column. TRL's ``PRMTrainer`` converts each label with
+  ``int()`` (so 0.75 trains as 0, case ``trl-prm-soft-labels-truncated``): hard labels from a value
+  column follow a recorded rule, ``value > --threshold`` (default 0: Math-Shepherd's hard estimate), and
+  the values are kept beside them as ``soft_labels``. One dataset never mixes hard and soft labels.
+* ``math-shepherd`` — Math-Shepherd's ``input`` (the problem, a space, then each step followed by the
+  step tag `` ки``, steps joined by newlines), ``label`` (the same text with ``+`` / ``-`` in place of
+  each tag) and ``task`` (``GSM8K``/``MATH`` from ``source``, or ``--task``).
+* ``processbench`` — ProcessBench's ``id``, ``generator``, ``problem``, ``steps``,
+  ``final_answer_correct`` and ``label`` (0-based first error, ``-1`` none).
+* ``pairs`` — DPO preference pairs (TRL's standard preference format: ``prompt``, ``chosen``,
+  ``rejected`` strings) from an ``mcts-label --pairs-out`` shard: the prompt is the problem followed by
+  the shared prefix steps, ``chosen``/``rejected`` the two children's steps (each joined by newlines),
+  with ``chosen_value``/``rejected_value`` kept.
+
+``--labels COL`` names the label column: step labels (list<bool>), step values (list<float>) or a
+first-error index (int; labels are true before it and false from it on). A row whose labels are null
+(or hold a null) is dropped and counted (``--on-null drop``) or is an error (``--on-null error``). The
+number of labels equals the number of steps for every row, checked before anything is written.
+
+Output: ``OUT/data/<split>-00000-of-0000N.parquet`` (``--split NAME``, or ``train`` and ``test`` with
+``--test-size``, split by ``problem_id`` so no problem is in both), written to a temporary folder, loaded
+back with ``datasets`` and checked (rows and features), then put in place; and
+``OUT/stepkit.manifest.json`` (format, label rule, counts, features and the input shards' manifests:
+the lineage ``stepkit publish`` writes into the dataset card).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import re
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from stepkit import __version__
+from stepkit.errors import ConfigError, InputError, StepkitError
+from stepkit.grading.verdicts import first_error_of, labels_from_first_error
+from stepkit.options import Config, opt
+from stepkit.shards import (
+    file_sha256,
+    iter_row_chunks,
+    list_shards,
+    open_parquet,
+    read_manifest,
+    write_json,
+    write_table,
+)
+
+FORMATS = ("trl", "math-shepherd", "processbench", "pairs")
+MANIFEST = "stepkit.manifest.json"
+STEP_TAG = " ки"  # Math-Shepherd's step tag
+
+
+@dataclass(frozen=True)
+class ExportConfig(Config):
+    """``stepkit export`` options."""
+
+    format: str = opt("trl", "Output format.", choices=FORMATS)
+    labels: str | None = opt(None, "Label column: step labels (list<bool>), step values (list<float>) or a "
+                                   "first-error index (int). Not used by --format pairs.", metavar="COL")
+    soft: bool = opt(False, "trl: write the values of a list<float> column as soft labels (List(float32)).")
+    threshold: float = opt(0.0, "Hard labels from a value column: value > X (0: Math-Shepherd's hard estimate).")
+    on_null: str = opt("drop", "A row with null labels: drop it (counted) or stop with an error.",
+                       choices=("drop", "error"))
+    test_size: float | None = opt(None, "Problems in the test split: a share (0 < x < 1) or a count (>= 1).",
+                                  min=0, min_open=True)
+    split: str = opt("train", "The split's name when there is no --test-size.")
+    seed: int = opt(0, "Seed of the --test-size split of problems.", min=0)
+    rows_per_file: int = opt(100_000, "Rows per Parquet file.", min=1)
+    task: str | None = opt(None, "math-shepherd: the task column (default from source: GSM8K, MATH).")
+
+    def __post_init__(self):
+        super().__post_init__()
+        if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_]*", self.split):
+            raise ConfigError(f"--split {self.split!r}: a split name is letters, digits and _ (e.g. train)")
+        if self.format == "pairs" and self.labels is not None:
+            raise ConfigError("--format pairs takes its labels from the pairs shard: drop --labels")
+        if self.format != "pairs" and self.labels is None:
+            raise ConfigError(f"--format {self.format} needs --labels COL (e.g. mc_label, judge_label, mc_value)")
+        if self.soft and self.format != "trl":
+            raise ConfigError("--soft is for --format trl (the other formats have hard labels)")
+        if self.test_size is not None and self.test_size >= 1 and self.test_size != int(self.test_size):
+            raise ConfigError(f"--test-size {self.test_size}: a share below 1 or a whole number of problems")
+
+
+def features_for(cfg: ExportConfig):
+    """The ``datasets.Features`` of a format (explicit: never inferred)."""
+    from datasets import Features, List, Value
+
+    s = Value("string")
+    if cfg.format == "trl":
+        f = {"id": s, "prompt": s, "completions": List(s),
+             "labels": List(Value("float32")) if cfg.soft else List(Value("bool"))}
+        if not cfg.soft:
+            f["soft_labels"] = List(Value("float32"))  # the values hard labels came from (null if none)
+        return Features(f)
+    if cfg.format == "math-shepherd":
+        return Features({"id": s, "input": s, "label": s, "task": s})
+    if cfg.format == "processbench":
+        return Features({"id": s, "generator": s, "problem": s, "steps": List(s),
+                         "final_answer_correct": Value("bool"), "label": Value("int32")})
+    return Features({"id": s, "prompt": s, "chosen": s, "rejected": s, "chosen_value": Value("float32"),
+                     "rejected_value": Value("float32")})
+
+
+def _label_kind(schema: pa.Schema, path: Path, col: str) -> str:
+    if col not in schema.names:
+        raise InputError(path, f"missing --labels column (has: {', '.join(schema.names)})", column=col)
+    t = schema.field(col).type
+    if pa.types.is_integer(t):
+        return "index"
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        if pa.types.is_boolean(t.value_type):
+            return "bool"
+        if pa.types.is_floating(t.value_type):
+            return "float"
+    raise InputError(path, f"--labels needs step labels (list<bool>), step values (list<float>) or a first-error "
+                           f"index (int), found {t}", column=col)
+
+
+REQUIRED = {"trl": ("id", "prompt", "steps"), "math-shepherd": ("id", "prompt", "steps"),
+            "processbench": ("id", "prompt", "steps", "outcome_correct"),
+            "pairs": ("prompt", "prefix_steps", "chosen", "rejected")}
+
+
+class Converter:
+    """Turns one input row into one output record of ``cfg.format`` (None: null labels)."""
+
+    def __init__(self, cfg: ExportConfig):
+        self.cfg = cfg
+        self.kind: str | None = None
+
+    def check_schema(self, schema: pa.Schema, path: Path) -> None:
+        for c in REQUIRED[self.cfg.format]:
+            if c not in schema.names:
+                raise InputError(path, f"missing column for --format {self.cfg.format} "
+                                       f"(has: {', '.join(schema.names)})", column=c)
+        if self.cfg.format == "pairs":
+            return
+        kind = _label_kind(schema, path, self.cfg.labels)
+        if self.cfg.soft and kind != "float":
+            raise InputError(path, f"--soft needs step values (list<float>), found "
+                                   f"{schema.field(self.cfg.labels).type}", column=self.cfg.labels)
+        if self.cfg.format == "processbench" and kind == "float":
+            raise InputError(path, "--format processbench needs a first-error index or step labels, found step "
+                                   "values", column=self.cfg.labels)
+        if self.kind is not None and kind != self.kind:
+            raise InputError(path, f"holds {kind} labels but an earlier shard holds {self.kind} labels: "
+                                   "one dataset has one label type", column=self.cfg.labels)
+        self.kind = kind
+
+    def labels(self, row: dict, path: Path, i: int) -> tuple[list | None, list | None]:
+        """``(hard labels or soft values, values hard labels came from)``; (None, None) when null."""
+        v, n, col = row.get(self.cfg.labels), len(row["steps"]), self.cfg.labels
+        if v is None:
+            return None, None
+        if self.kind == "index":
+            if not -1 <= v < n:
+                raise InputError(path, f"first-error index {v} outside -1..{n - 1}", row=i, column=col)
+            return labels_from_first_error(v, n), None
+        v = list(v)
+        if len(v) != n:
+            raise InputError(path, f"{len(v)} labels for {n} steps", row=i, column=col)
+        if any(x is None for x in v):
+            return None, None
+        if self.kind == "bool":
+            return v, None
+        if any(not math.isfinite(x) for x in v):
+            raise InputError(path, "a step value is not a finite number", row=i, column=col)
+        return (v, None) if self.cfg.soft else ([x > self.cfg.threshold for x in v], v)
+
+    def convert(self, row: dict, path: Path, i: int) -> dict | None:
+        f = self.cfg.format
+        if f == "pairs":
+            prompt = "\n".join([row["prompt"], *(row.get("prefix_steps") or [])])
+            return {"id": f"{row.get('node_id') or i}:{row.get('chosen_node_id')}:{row.get('rejected_node_id')}",
+                    "prompt": prompt, "chosen": "\n".join(row["chosen"]), "rejected": "\n".join(row["rejected"]),
+                    "chosen_value": row.get("chosen_value"), "rejected_value": row.get("rejected_value")}
+        labels, values = self.labels(row, path, i)
+        if labels is None:
+            return None
+        steps = list(row["steps"])
+        if f == "trl":
+            rec = {"id": row["id"], "prompt": row["prompt"], "completions": steps, "labels": labels}
+            if not self.cfg.soft:
+                rec["soft_labels"] = values
+            return rec
+        if f == "math-shepherd":
+            for s in steps:
+                if STEP_TAG.strip() in s:
+                    raise InputError(path, f"a step holds Math-Shepherd's step tag {STEP_TAG.strip()!r}", row=i,
+                                     column="steps")
+            tags = [" +" if ok else " -" for ok in labels]
+            return {"id": row["id"], "input": row["prompt"] + " " + "\n".join(s + STEP_TAG for s in steps),
+                    "label": row["prompt"] + " " + "\n".join(s + t for s, t in zip(steps, tags)),
+                    "task": self.cfg.task or _task(row.get("source"))}
+        if row.get("outcome_correct") is None:
+            return None
+        return {"id": row["id"], "generator": row.get("generator"), "problem": row["prompt"], "steps": steps,
+                "final_answer_correct": row["outcome_correct"], "label": first_error_of(labels)}
+
+
+def _task(source: str | None) -> str:
+    s = (source or "").lower()
+    return "GSM8K" if "gsm8k" in s else "MATH" if "math" in s else (s.split("/")[0] or "unknown")
+
+
+def _test_problems(ids: list[str], cfg: ExportConfig) -> set[str]:
+    """The problems of the test split: a seeded shuffle of the sorted distinct ids, first share/count."""
+    uniq = sorted(set(ids))
+    if cfg.test_size is None:
+        return set()
+    k = int(cfg.test_size) if cfg.test_size >= 1 else math.ceil(cfg.test_size * len(uniq))
+    if k >= len(uniq):
+        raise ConfigError(f"--test-size {cfg.test_size} takes {k} of {len(uniq)} problems: nothing left to train on")
+    random.Random(cfg.seed).shuffle(uniq)
+    return set(uniq[:k])
+
+
+def _check_out(out: Path, inputs: list[Path], force: bool) -> None:
+    resolved = {p.resolve() for p in inputs}
+    if out.resolve() in resolved or any(p.is_relative_to(out.resolve()) for p in resolved):
+        raise ConfigError(f"{out}: OUT would hold or replace an input shard; write the export somewhere else")
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"{out}: exists and is not a folder (export writes a dataset folder)")
+    if out.exists() and any(out.iterdir()):
+        if not (out / MANIFEST).exists():
+            raise ConfigError(f"{out}: folder exists and is not a stepkit export; give another OUT")
+        if not force:
+            raise ConfigError(f"{out}: holds an earlier export; use --force to replace it (a dataset never mixes "
+                              "two exports)")
+
+
+def export(in_path: str | os.PathLike, out: str | os.PathLike, cfg: ExportConfig, force: bool = False) -> dict[str, Any]:
+    """Export the shard or folder ``in_path`` to the dataset folder ``out``; returns its manifest.
+
+    Raises:
+        InputError: a missing or mistyped column, labels that do not match the steps, null labels with
+            ``--on-null error`` (naming file, row and column). Nothing is written then.
+        ConfigError: OUT is an input, another kind of folder, or an earlier export without ``force``.
+    """
+    out = Path(out)
+    shards = list_shards(in_path)
+    _check_out(out, shards, force)
+    conv = Converter(cfg)
+    for p in shards:
+        conv.check_schema(open_parquet(p).schema_arrow, p)
+    key = "problem_id" if cfg.format == "pairs" or "problem_id" in open_parquet(shards[0]).schema_arrow.names else "id"
+    ids = [r.get(key) for p in shards for _, rows in iter_row_chunks(p, 65536, columns=[key]) for r in rows]
+    test = _test_problems(ids, cfg)
+    features = features_for(cfg)
+    schema = features.arrow_schema
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    (tmp / "data").mkdir(parents=True)
+    splits = ("train", "test") if cfg.test_size is not None else (cfg.split,)
+    buffers: dict[str, list[dict]] = {s: [] for s in splits}
+    files: dict[str, list[Path]] = {s: [] for s in splits}
+    counts = {"rows_in": 0, "rows_out": 0, "null_labels": 0, "steps": 0, "labels_true": 0, "labels_false": 0}
+    value_sum = 0.0
+
+    def flush(split: str) -> None:
+        path = tmp / "data" / f".{split}-{len(files[split]):05d}.parquet"
+        write_table(path, pa.Table.from_pylist(buffers[split], schema=schema))  # row groups capped by bytes
+        files[split].append(path)
+        buffers[split].clear()
+
+    try:
+        for p in shards:
+            for first, rows in iter_row_chunks(p, 4096):
+                for j, row in enumerate(rows):
+                    counts["rows_in"] += 1
+                    rec = conv.convert(row, p, first + j)
+                    if rec is None:
+                        if cfg.on_null == "error":
+                            raise InputError(p, "null labels (or outcome); use --on-null drop to leave such rows out",
+                                             row=first + j, column=cfg.labels or "chosen")
+                        counts["null_labels"] += 1
+                        continue
+                    split = ("test" if row.get(key) in test else "train") if cfg.test_size is not None else cfg.split
+                    buffers[split].append(rec)
+                    counts["rows_out"] += 1
+                    labels = rec.get("labels")
+                    if cfg.format == "trl":
+                        counts["steps"] += len(labels)
+                        if cfg.soft:
+                            value_sum += sum(labels)
+                        else:
+                            counts["labels_true"] += sum(labels)
+                            counts["labels_false"] += len(labels) - sum(labels)
+                    if len(buffers[split]) >= cfg.rows_per_file:
+                        flush(split)
+        for s in splits:
+            if not buffers[s] and not files[s]:  # datasets cannot load a split with no rows
+                raise StepkitError(f"{in_path}: the {s} split would have no rows ({counts['null_labels']} of "
+                                   f"{counts['rows_in']} rows had null labels); nothing written")
+            if buffers[s]:
+                flush(s)
+        data_files = {}
+        for s in splits:
+            n = len(files[s])
+            data_files[s] = []
+            for i, f in enumerate(files[s]):
+                final = f.with_name(f"{s}-{i:05d}-of-{n:05d}.parquet")
+                f.rename(final)
+                data_files[s].append(f"data/{final.name}")
+        split_rows = _verify(tmp, data_files, features)
+        if cfg.soft and counts["steps"]:
+            counts["mean_label"] = round(value_sum / counts["steps"], 6)
+        manifest = {
+            "stage": "export", "stepkit_version": __version__,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "config": {k: getattr(cfg, k) for k in cfg.__dataclass_fields__},
+            "label_rule": _label_rule(cfg, conv.kind),
+            "splits": {s: {"rows": split_rows[s], "files": data_files[s]} for s in splits},
+            "counts": counts, "features": features.to_dict(),
+            "inputs": [{"path": str(p), "sha256": file_sha256(p), "manifest": read_manifest(p)} for p in shards],
+        }
+        write_json(tmp / MANIFEST, manifest)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    old = out.with_name(f".{out.name}.old-{os.getpid()}")
+    if out.exists():
+        out.rename(old)
+    tmp.rename(out)
+    shutil.rmtree(old, ignore_errors=True)
+    return manifest
+
+
+def _label_rule(cfg: ExportConfig, kind: str | None) -> str:
+    """The rule that made the labels, in words, for the manifest and the dataset card."""
+    if cfg.format == "pairs":
+        return "preference pairs: two children of one tree node whose values differ (mcts-label --pairs-out)"
+    src = f"`{cfg.labels}`"
+    if kind == "index":
+        return f"hard labels from the first-error index {src}: true before it, false from it on"
+    if kind == "bool":
+        return f"hard labels as written in {src}"
+    if cfg.soft:
+        return f"soft labels: the step values of {src}, as float32"
+    return f"hard labels: value > {cfg.threshold:g} of the step values {src} (kept as soft_labels)"
+
+
+def _verify(folder: Path, data_files: dict[str, list[str]], features) -> dict[str, int]:
+    """Load the files back with ``datasets`` and check each split's rows and features; returns the rows."""
+    import datasets
+    from datasets.utils.logging import disable_progress_bar
+
+    disable_progress_bar()
+    expected = {s: sum(pq.ParquetFile(folder / f).metadata.num_rows for f in fs) for s, fs in data_files.items()}
+    ds = datasets.load_dataset("parquet", data_files={s: [str(folder / f) for f in fs] for s, fs in data_files.items()},
+                               cache_dir=str(folder / ".cache"))
+    shutil.rmtree(folder / ".cache", ignore_errors=True)
+    for s, n in expected.items():
+        if ds[s].num_rows != n:
+            raise StepkitError(f"{folder}: split {s} loads {ds[s].num_rows} rows, its files hold {n}")
+        if ds[s].features != features:
+            raise StepkitError(f"{folder}: split {s} loads with features {ds[s].features}, not {features}")
+    return expected
+
+
+def read_export_manifest(folder: str | os.PathLike) -> dict[str, Any] | None:
+    """The ``stepkit.manifest.json`` of an export folder, or None."""
+    try:
+        return json.loads((Path(folder) / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return None
