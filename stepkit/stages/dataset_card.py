@@ -1,0 +1,250 @@
+"""The dataset card of an export folder: lineage from the manifests, label statistics and figures.
+
+``stepkit publish`` renders ``README.md`` from the template ``data_cards/prm-dataset.md`` (Jinja, through
+``huggingface_hub.DatasetCard.from_template``). Its YAML front matter follows the Hub's dataset card
+specification (``huggingface_hub`` ``DatasetCardData``; ``datasets`` reads ``configs`` / ``data_files``
+and ``dataset_info.features``): the features are rendered from the data files' Arrow schema on every
+publish, never merged with an older card. The body says how the labels were made, from the lineage
+the manifests carry: export manifest -> each input shard's manifest -> its input's manifest ... back to
+``ingest``. Two figures are drawn with matplotlib: the mean label by step position and the first-error
+histogram (``images/*.png``, embedded in the card).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+
+from stepkit.errors import ConfigError
+
+TEMPLATE = "prm-dataset.md"
+IMAGES = {"value": "images/value_by_step.png", "first_error": "images/first_error_histogram.png"}
+LICENSES = {"gsm8k": "mit", "gsm8k-solutions": "mit"}  # from ../shared/data/README.md: GSM8K is MIT
+
+
+def template_path() -> Path:
+    """``data_cards/prm-dataset.md`` of the stepkit checkout (or ``$STEPKIT_DATA_CARDS``).
+
+    Raises:
+        ConfigError: the template is not found (a non-editable install without the checkout).
+    """
+    folder = Path(os.environ.get("STEPKIT_DATA_CARDS") or Path(__file__).resolve().parents[2] / "data_cards")
+    p = folder / TEMPLATE
+    if not p.is_file():
+        raise ConfigError(f"{p}: dataset card template not found (set STEPKIT_DATA_CARDS to the data_cards folder)")
+    return p
+
+
+# ------------------------------------------------------------------------------------------- lineage
+
+def _chain(manifest: dict | None) -> list[dict]:
+    """The manifests from the first stage (ingest) to ``manifest``, following ``input.manifest``."""
+    out = []
+    while isinstance(manifest, dict):
+        out.append(manifest)
+        manifest = (manifest.get("input") or {}).get("manifest")
+    return out[::-1]
+
+
+def _flat(doc: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(doc, dict):
+        out = {}
+        for k, v in doc.items():
+            out.update(_flat(v, f"{prefix}.{k}" if prefix else k))
+        return out
+    return {prefix: doc}
+
+
+SKIP_KEYS = ("grader.float_rounding_rule", "grader.whole_answer_rule", "grader.wrap")
+
+
+def lineage(export_manifest: dict) -> list[dict[str, Any]]:
+    """The stages that made the exported rows, in order, merged over the input shards.
+
+    Each entry: ``stage``, ``stepkit_version``, ``config`` (flat ``{dotted key: value}``, long grader
+    texts left out), ``engine`` (the engine's provenance: name, model, library version, device), ``counts``
+    (summed over the shards that ran it with this config), ``shards`` (how many). Stages that ran with
+    different configs on different shards are listed once per config.
+    """
+    merged: dict[str, dict] = {}
+    order: list[str] = []
+    for inp in export_manifest.get("inputs", []):
+        for m in _chain(inp.get("manifest")):
+            cfg = {k: v for k, v in _flat(m.get("config", {})).items() if k not in SKIP_KEYS}
+            key = json.dumps([m.get("stage"), cfg], sort_keys=True, default=str)
+            if key not in merged:
+                eng = (m.get("provenance") or {}).get("engine") or {}
+                merged[key] = {"stage": m.get("stage"), "stepkit_version": m.get("stepkit_version"), "config": cfg,
+                               "engine": {k: eng[k] for k in ("engine", "model", "vllm_version", "device", "base_url",
+                                                              "served_model") if eng.get(k) is not None},
+                               "counts": Counter(), "shards": 0}
+                order.append(key)
+            entry = merged[key]
+            entry["shards"] += 1
+            for k, v in (m.get("counts") or {}).items():
+                if isinstance(v, int) and not isinstance(v, bool):
+                    entry["counts"][k] += v
+    return [{**merged[k], "counts": dict(merged[k]["counts"])} for k in order]
+
+
+# ------------------------------------------------------------------------------------------ statistics
+
+def _step_labels(folder: Path, files: list[str], fmt: str) -> list[tuple[list[float], int | None]]:
+    """Per row: (per-step label values as floats, first error or None) from the data files."""
+    rows = []
+    for f in files:
+        t = pq.read_table(folder / f)
+        if fmt == "trl":
+            cols = t.column_names
+            vals = t.column("soft_labels").to_pylist() if "soft_labels" in cols else [None] * t.num_rows
+            for labels, soft in zip(t.column("labels").to_pylist(), vals):
+                v = [float(x) for x in (soft if soft is not None else labels)]
+                first = next((i for i, x in enumerate(labels) if not x), -1) if isinstance(labels[0], bool) else None
+                rows.append((v, first))
+        elif fmt == "math-shepherd":
+            for label in t.column("label").to_pylist():
+                tags = [line[-1] for line in label.split("\n") if line.endswith((" +", " -"))]
+                v = [1.0 if c == "+" else 0.0 for c in tags]
+                rows.append((v, next((i for i, x in enumerate(v) if x == 0.0), -1)))
+        elif fmt == "processbench":
+            for steps, label in zip(t.column("steps").to_pylist(), t.column("label").to_pylist()):
+                rows.append(([1.0 if label == -1 or s < label else 0.0 for s in range(len(steps))], label))
+    return rows
+
+
+def label_stats(folder: Path, splits: dict[str, list[str]], fmt: str) -> dict[str, Any]:
+    """Rows, steps, mean label, share of rows with an error, mean label by step position and the
+    first-error histogram, over every split."""
+    rows = [r for files in splits.values() for r in _step_labels(folder, files, fmt)]
+    soft = fmt == "trl" and any(
+        pq.read_schema(folder / f).field("labels").type.value_type != "bool" or
+        pq.read_table(folder / f, columns=["soft_labels"]).column(0).null_count < pq.ParquetFile(folder / f).metadata.num_rows
+        for fs in splits.values() for f in fs)
+    by_pos: dict[int, list[float]] = {}
+    for v, _ in rows:
+        for i, x in enumerate(v):
+            by_pos.setdefault(i, []).append(x)
+    firsts = Counter(f for _, f in rows if f is not None)
+    steps = sum(len(v) for v, _ in rows)
+    return {"rows": len(rows), "steps": steps,
+            "mean_label": round(sum(x for v, _ in rows for x in v) / steps, 4) if steps else None,
+            "value_by_position": {i: (round(sum(xs) / len(xs), 4), len(xs)) for i, xs in sorted(by_pos.items())},
+            "first_error_histogram": dict(sorted(firsts.items())),
+            "rows_with_error": sum(n for k, n in firsts.items() if k >= 0),
+            "value_label": "mean step value" if soft else "share of steps labelled correct"}
+
+
+def draw_figures(stats: dict[str, Any], folder: Path, title: str) -> list[str]:
+    """Write the two PNGs into ``folder/images``; returns the paths written (relative to ``folder``)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+    (folder / "images").mkdir(parents=True, exist_ok=True)
+    pos = stats["value_by_position"]
+    if pos:
+        xs = list(pos)
+        fig, ax = plt.subplots(figsize=(7, 3.6), dpi=110)
+        ax.plot(xs, [pos[i][0] for i in xs], marker="o", color="#2a6fdb")
+        ax.set_ylim(-0.03, 1.03)
+        ax.set_xlabel("step position (0-based)")
+        ax.set_ylabel(stats.get("value_label", "mean label"))
+        ax.set_title(f"{title}: mean label by step position")
+        ax2 = ax.twinx()
+        ax2.bar(xs, [pos[i][1] for i in xs], color="#999999", alpha=0.25, width=0.8)
+        ax2.set_ylabel("rows with this step", color="#666666")
+        ax.set_zorder(ax2.get_zorder() + 1)
+        ax.patch.set_visible(False)
+        fig.tight_layout()
+        fig.savefig(folder / IMAGES["value"])
+        plt.close(fig)
+        written.append(IMAGES["value"])
+    hist = stats["first_error_histogram"]
+    if hist:
+        keys = list(range(-1, max(hist) + 1))
+        fig, ax = plt.subplots(figsize=(7, 3.6), dpi=110)
+        ax.bar([("none" if k == -1 else str(k)) for k in keys], [hist.get(k, 0) for k in keys],
+               color=["#3a9d5d" if k == -1 else "#d9534f" for k in keys])
+        ax.set_xlabel("first error step (0-based; none = every step correct)")
+        ax.set_ylabel("rows")
+        ax.set_title(f"{title}: first-error histogram")
+        fig.tight_layout()
+        fig.savefig(folder / IMAGES["first_error"])
+        plt.close(fig)
+        written.append(IMAGES["first_error"])
+    return written
+
+
+def size_category(n: int) -> str:
+    """The Hub's ``size_categories`` value for ``n`` rows."""
+    for bound, name in ((1_000, "n<1K"), (10_000, "1K<n<10K"), (100_000, "10K<n<100K"),
+                        (1_000_000, "100K<n<1M"), (10_000_000, "1M<n<10M")):
+        if n < bound:
+            return name
+    return "10M<n<100M"
+
+
+def features_yaml(folder: Path, files: list[str]) -> list[dict]:
+    """``dataset_info.features`` in the card's YAML form, from the data files' Arrow schema (all files
+    must have one schema: a dataset never mixes, e.g., hard and soft labels)."""
+    from datasets import DatasetInfo, Features
+
+    schemas = {f: pq.read_schema(folder / f).remove_metadata() for f in files}
+    first = files[0]
+    for f, s in schemas.items():
+        if not s.equals(schemas[first]):
+            diff = [n for n in s.names if n not in schemas[first].names or s.field(n).type != schemas[first].field(n).type]
+            raise ConfigError(f"{folder / f}: its columns differ from {first}'s ({', '.join(diff) or 'column order'}): "
+                              "one dataset has one schema (re-export instead of mixing exports)")
+    meta = pq.read_schema(folder / first).metadata or {}
+    if b"huggingface" in meta:
+        features = Features.from_dict(json.loads(meta[b"huggingface"])["info"]["features"])
+    else:
+        features = Features.from_arrow_schema(schemas[first])
+    return DatasetInfo(features=features)._to_yaml_dict()["features"]
+
+
+def render_card(folder: Path, export_manifest: dict, splits: dict[str, list[str]], repo_id: str,
+                license: str | None, images: list[str], stats: dict[str, Any]) -> str:
+    """The README.md text: YAML front matter (configs, features, license, tags, size) and the body."""
+    from huggingface_hub import DatasetCard, DatasetCardData
+
+    stages = lineage(export_manifest)
+    fmt = export_manifest["config"]["format"]
+    first_format = next((s["config"].get("format") for s in stages if s["stage"] == "ingest"), None)
+    n_rows = sum(pq.ParquetFile(folder / f).metadata.num_rows for fs in splits.values() for f in fs)
+    split_rows = {s: sum(pq.ParquetFile(folder / f).metadata.num_rows for f in fs) for s, fs in splits.items()}
+    split_bytes = {s: sum(pq.ParquetFile(folder / f).metadata.row_group(i).total_byte_size for f in fs
+                          for i in range(pq.ParquetFile(folder / f).metadata.num_row_groups)) for s, fs in splits.items()}
+    files = [f for fs in splits.values() for f in fs]
+    card_data = DatasetCardData(
+        license=license or LICENSES.get(first_format, "unknown"),
+        task_categories=["text-generation"] if fmt == "pairs" else ["text-classification"],
+        tags=["process-reward-model", "step-labels", "stepkit", {"trl": "trl", "pairs": "dpo"}.get(fmt, fmt)],
+        size_categories=size_category(n_rows),
+        pretty_name=repo_id.split("/")[-1],
+        configs=[{"config_name": "default",
+                  "data_files": [{"split": s, "path": f"data/{s}-*.parquet"} for s in splits]}],
+        dataset_info={"features": features_yaml(folder, files),
+                      "splits": [{"name": s, "num_bytes": split_bytes[s], "num_examples": n}
+                                 for s, n in split_rows.items()]},
+    )
+    filters = [s for s in stages if s["stage"] == "filter"]
+    card = DatasetCard.from_template(
+        card_data, template_path=str(template_path()), repo_id=repo_id, export=export_manifest, fmt=fmt,
+        stages=stages, filters=filters, split_rows=split_rows, stats=stats, images=images,
+        truncated=any(r.startswith(("truncate-after-first-error", "keep-correct-steps"))
+                      for s in filters for r in _rules(s)),
+    )
+    return str(card)
+
+
+def _rules(filter_stage: dict) -> list[str]:
+    return list(filter_stage["config"].get("rule") or [])

@@ -1,0 +1,242 @@
+"""``stepkit publish``: an export folder -> a dataset repository on the Hugging Face Hub (or a dry run).
+
+Steps, in order; nothing is uploaded before every check has passed, and a failed publish leaves the
+local folder as it was:
+
+1. read the export manifest (``stepkit.manifest.json``) and the data files of each split;
+2. build the card and figures in a staging folder beside FOLDER (its data files are hard links, or
+   copies): ``README.md`` from ``data_cards/prm-dataset.md`` (:mod:`stepkit.stages.dataset_card`) with the
+   features rendered from the files' Arrow schema, and ``images/*.png``;
+3. check that ``datasets.load_dataset(<staging folder>)`` — the card's ``configs`` decide the splits —
+   loads every split with its row count and the features the card declares;
+4. ``--dry-run``: put the card and figures into FOLDER and print what would be uploaded. Otherwise
+   upload with ``huggingface_hub``: ``create_repo(exist_ok=True)``, then one ``upload_folder`` commit
+   that also deletes stale files under ``data/`` and ``images/`` (a shard of an older export with more
+   files, or of another schema), retried with exponential backoff on HTTP 412 (a concurrent commit),
+   429 and 5xx and on connection errors, up to ``--max-retries`` times; 401/403/404 fail at once
+   (case ``hub-parallel-commits-412``). The token comes from ``HF_TOKEN`` (else the user's saved
+   login), the endpoint from ``--endpoint`` or ``HF_ENDPOINT``. After the commit the card and figures are
+   put into FOLDER.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+
+from stepkit.errors import ConfigError, StepkitError
+from stepkit.options import Config, opt
+from stepkit.stages import dataset_card
+from stepkit.stages.export import MANIFEST, read_export_manifest
+
+RETRY_STATUS = {408, 412, 429, 500, 502, 503, 504}
+UPLOADED = ("README.md", "data/*", "images/*")  # everything else in FOLDER stays local (manifest, caches)
+
+
+@dataclass(frozen=True)
+class PublishConfig(Config):
+    """``stepkit publish`` options."""
+
+    repo_id: str | None = opt(None, "ORG/NAME of the dataset repository (required unless --dry-run).")
+    dry_run: bool = opt(False, "Write the card, check the folder loads, print what would be uploaded; upload nothing.")
+    private: bool = opt(False, "Create the repository as private.")
+    endpoint: str | None = opt(None, "Hub endpoint URL (default: HF_ENDPOINT, else the public Hub).")
+    license: str | None = opt(None, "The card's license id (default: from the source data when known, else unknown).")
+    commit_message: str | None = opt(None, "The commit message (default: 'stepkit publish: N rows, format F').")
+    max_retries: int = opt(5, "Retries of a commit on 412 / 429 / 5xx / connection errors.", min=0, max=50)
+    retry_wait: float = opt(2.0, "Seconds before the first retry (doubled each time; a Retry-After header wins).",
+                            min=0, max=600)
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.repo_id is None and not self.dry_run:
+            raise ConfigError("give --repo-id ORG/NAME, or --dry-run to check the folder without uploading")
+        if self.repo_id is not None and (self.repo_id.count("/") != 1 or not all(self.repo_id.split("/"))):
+            raise ConfigError(f"--repo-id {self.repo_id!r}: write ORG/NAME")
+
+
+def _splits(folder: Path, manifest: dict) -> dict[str, list[str]]:
+    splits = {s: list(info["files"]) for s, info in manifest["splits"].items()}
+    listed = {f for fs in splits.values() for f in fs}
+    on_disk = {f"data/{p.name}" for p in (folder / "data").glob("*") if not p.name.startswith(".")}
+    if on_disk != listed:
+        extra, missing = sorted(on_disk - listed), sorted(listed - on_disk)
+        raise ConfigError(f"{folder}/data: holds {'files the export did not write: ' + ', '.join(extra) if extra else ''}"
+                          f"{'; ' if extra and missing else ''}{'misses ' + ', '.join(missing) if missing else ''}; "
+                          "re-export the folder (one dataset is one export)")
+    return splits
+
+
+def _stage(folder: Path, splits: dict[str, list[str]]) -> Path:
+    staging = folder.with_name(f".{folder.name}.publish-{os.getpid()}")
+    shutil.rmtree(staging, ignore_errors=True)
+    (staging / "data").mkdir(parents=True)
+    for f in (f for fs in splits.values() for f in fs):
+        try:
+            os.link(folder / f, staging / f)
+        except OSError:
+            shutil.copy2(folder / f, staging / f)
+    return staging
+
+
+def check_loads(folder: Path, splits: dict[str, list[str]]) -> dict[str, int]:
+    """``datasets.load_dataset(folder)`` as a Hub user would: every split, its rows and the card's features.
+
+    Raises:
+        StepkitError: a split is missing, has other rows than its files, or other features than declared.
+    """
+    import datasets
+    from datasets.utils.logging import disable_progress_bar
+
+    disable_progress_bar()
+    cache = folder / ".cache"
+    try:
+        ds = datasets.load_dataset(str(folder), cache_dir=str(cache))
+    except Exception as e:  # noqa: BLE001 - datasets raises many kinds; each is one line here
+        raise StepkitError(f"{folder}: datasets cannot load the folder ({type(e).__name__}: {str(e).splitlines()[0]})") from None
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)
+    from huggingface_hub import DatasetCard
+
+    yaml_features = (DatasetCard.load(folder / "README.md").data.to_dict().get("dataset_info") or {}).get("features")
+    declared = datasets.Features._from_yaml_list(yaml_features) if yaml_features else None
+    rows = {}
+    for s, files in splits.items():
+        want = sum(pq.ParquetFile(folder / f).metadata.num_rows for f in files)
+        if s not in ds:
+            raise StepkitError(f"{folder}: split {s!r} does not load (loaded: {', '.join(ds)})")
+        if ds[s].num_rows != want:
+            raise StepkitError(f"{folder}: split {s!r} loads {ds[s].num_rows} rows, its files hold {want}")
+        if declared is not None and ds[s].features != declared:
+            raise StepkitError(f"{folder}: split {s!r} loads with features {ds[s].features}, the card declares {declared}")
+        rows[s] = want
+    return rows
+
+
+def _upload_files(staging: Path) -> list[tuple[str, int]]:
+    return sorted((str(p.relative_to(staging)), p.stat().st_size) for p in staging.rglob("*")
+                  if p.is_file() and not p.relative_to(staging).parts[0].startswith("."))
+
+
+def _status(e: Exception) -> int | None:
+    resp = getattr(e, "response", None)
+    return getattr(resp, "status_code", None)
+
+
+def _retry_after(e: Exception) -> float | None:
+    resp = getattr(e, "response", None)
+    try:
+        return float(resp.headers.get("Retry-After")) if resp is not None and resp.headers.get("Retry-After") else None
+    except (TypeError, ValueError):
+        return None
+
+
+def _is_transport_error(e: Exception) -> bool:
+    """A connection or timeout error of the HTTP stack under huggingface_hub (its library varies by version)."""
+    root = type(e).__module__.split(".")[0]
+    return isinstance(e, (ConnectionError, TimeoutError)) or root in ("httpx", "httpx2", "httpcore", "httpcore2",
+                                                                      "requests", "urllib3")
+
+
+def with_retries(call, what: str, cfg: PublishConfig, endpoint: str, sleep=time.sleep):
+    """Run ``call()``; retry on HTTP 408/412/429/5xx and connection errors with exponential backoff.
+
+    Raises:
+        StepkitError: one line naming ``what``, the endpoint and the status; at once for other HTTP
+            errors (401 bad token, 403, 404), after ``cfg.max_retries`` retries for the others.
+    """
+    from huggingface_hub.errors import HfHubHTTPError
+
+    wait = cfg.retry_wait
+    for attempt in range(cfg.max_retries + 1):
+        try:
+            return call()
+        except HfHubHTTPError as e:
+            status = _status(e)
+            msg = (getattr(e, "server_message", None) or str(e)).splitlines()[0][:200]
+            if status in (401, 403):
+                raise StepkitError(f"{endpoint}: {what} refused (HTTP {status}): the token in HF_TOKEN is missing, "
+                                   f"wrong or lacks write access ({msg})") from None
+            if status not in RETRY_STATUS:
+                raise StepkitError(f"{endpoint}: {what} failed (HTTP {status}): {msg}") from None
+            last = f"HTTP {status}: {msg}"
+            delay = _retry_after(e) or wait
+        except Exception as e:  # noqa: BLE001 - the HTTP library's transport errors, whichever it is
+            if not _is_transport_error(e):
+                raise
+            last, delay = f"cannot reach the Hub ({type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''})", wait
+        if attempt == cfg.max_retries:
+            raise StepkitError(f"{endpoint}: {what} failed after {cfg.max_retries + 1} attempts: {last}")
+        sleep(delay)
+        wait *= 2
+
+
+def publish(folder: str | os.PathLike, cfg: PublishConfig, log=print) -> dict[str, Any]:
+    """Publish the export folder ``folder`` (see the module docstring); returns a report dict with
+    ``files`` (path, bytes), ``splits`` (rows), ``card`` (its text) and, unless a dry run, ``commit``.
+
+    Raises:
+        ConfigError: not an export folder; data files that are not the export's.
+        StepkitError: the folder does not load with ``datasets``; an upload error (one line).
+    """
+    folder = Path(folder)
+    manifest = read_export_manifest(folder)
+    if manifest is None:
+        raise ConfigError(f"{folder}: not a stepkit export folder (no readable {MANIFEST}); run stepkit export first")
+    splits = _splits(folder, manifest)
+    staging = _stage(folder, splits)
+    try:
+        stats = dataset_card.label_stats(staging, splits, manifest["config"]["format"])
+        images = dataset_card.draw_figures(stats, staging, (cfg.repo_id or folder.name).split("/")[-1])
+        card = dataset_card.render_card(staging, manifest, splits, cfg.repo_id or str(folder), cfg.license,
+                                        images, stats)
+        (staging / "README.md").write_text(card)
+        rows = check_loads(staging, splits)
+        files = _upload_files(staging)
+        report: dict[str, Any] = {"files": files, "splits": rows, "card": card, "images": images}
+        if not cfg.dry_run:
+            report["commit"] = _upload(staging, cfg, manifest, sum(rows.values()))
+        _install(staging, folder, images)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return report
+
+
+def _install(staging: Path, folder: Path, images: list[str]) -> None:
+    """Put the card and figures into FOLDER (atomic per file), removing figures of an older publish."""
+    for old in (folder / "images").glob("*.png") if (folder / "images").is_dir() else ():
+        if f"images/{old.name}" not in images:
+            old.unlink()
+    for rel in ["README.md", *images]:
+        dst = folder / rel
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dst.with_name(f".{dst.name}.tmp-{os.getpid()}")
+        shutil.copy2(staging / rel, tmp)
+        os.replace(tmp, dst)
+
+
+def _upload(staging: Path, cfg: PublishConfig, manifest: dict, n_rows: int) -> str:
+    from huggingface_hub import HfApi, constants
+    from huggingface_hub.utils import disable_progress_bars
+
+    disable_progress_bars()  # stepkit prints its own summary of what was uploaded
+
+    endpoint = cfg.endpoint or os.environ.get("HF_ENDPOINT") or constants.ENDPOINT
+    if constants.HF_HUB_OFFLINE:
+        raise StepkitError("HF_HUB_OFFLINE is set: huggingface_hub makes no network calls; unset it to publish "
+                           "(or use --dry-run)")
+    api = HfApi(endpoint=endpoint, token=os.environ.get("HF_TOKEN") or None)
+    with_retries(lambda: api.create_repo(cfg.repo_id, repo_type="dataset", private=cfg.private, exist_ok=True),
+                 f"creating {cfg.repo_id}", cfg, endpoint)
+    message = cfg.commit_message or f"stepkit publish: {n_rows} rows, format {manifest['config']['format']}"
+    info = with_retries(lambda: api.upload_folder(repo_id=cfg.repo_id, repo_type="dataset", folder_path=str(staging),
+                                                  commit_message=message, allow_patterns=list(UPLOADED),
+                                                  delete_patterns=["data/*", "images/*"]),
+                        f"the commit to {cfg.repo_id}", cfg, endpoint)
+    return getattr(info, "oid", None) or str(info)
