@@ -38,6 +38,10 @@ demo: model
 		--continuations 4 --max-tokens 192
 	$(BIN)/stepkit stats out/demo/labeled.parquet
 	$(BIN)/stepkit show out/demo/labeled.parquet --status ok
+	$(BIN)/stepkit filter out/demo/labeled.parquet out/demo/filtered.parquet --rule status:mc_status=ok --rule dedupe \
+		--dropped out/demo/dropped.parquet --no-progress
+	$(BIN)/stepkit export out/demo/filtered.parquet out/demo/dataset --format trl --labels mc_value
+	$(BIN)/stepkit publish out/demo/dataset --dry-run --license mit
 
 lint: setup
 	$(BIN)/ruff check stepkit tests bench

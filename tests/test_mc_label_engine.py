@@ -146,3 +146,29 @@ def test_binary_mode_budget_on_real_engine(engine, checker, solutions, tmp_path)
         if r["outcome_correct"]:
             assert r["mc_estimated"] == [False] * (m - 1) + [True]
     assert res.counters["continuations"] == sum(sum(r["mc_rollouts"]) + 2 for r in rows)
+
+
+def test_real_labels_through_filter_export_and_publish_dry_run(engine, checker, solutions, tmp_path):
+    """The issue-9 path on real-engine labels: filter -> export (TRL, hard from mc_value) -> publish --dry-run;
+    the card names the real engine, model and sampling parameters and the counts the manifests hold."""
+    import datasets
+
+    from stepkit.stages.export import ExportConfig, export
+    from stepkit.stages.filter import FilterConfig, FilterStage
+    from stepkit.stages.publish import PublishConfig, publish
+
+    labelled, kept = tmp_path / "mc.parquet", tmp_path / "kept.parquet"
+    run_stage(stage(engine, checker, "exhaustive", k=2), solutions, labelled, progress=False)
+    rows = pq.read_table(labelled).to_pylist()
+    run_stage(FilterStage(FilterConfig(rule=("no-error", "steps:1-"), dropped=str(tmp_path / "d.parquet"))),
+              labelled, kept, progress=False)
+    m = export(kept, tmp_path / "ds", ExportConfig(labels="mc_value"))
+    assert m["counts"]["rows_out"] == sum(1 for r in rows if r["mc_value"] and None not in r["mc_value"])
+    report = publish(tmp_path / "ds", PublishConfig(dry_run=True))
+    card = report["card"]
+    assert "engine `vllm`, model `smollm2-135m`" in card and "sampling.temperature=0.8" in card
+    assert "sampling.max_tokens=96" in card and "continuations=2" in card
+    assert f"continuations {json.loads(labelled.with_name('mc.manifest.json').read_text())['counts']['continuations']}" in card
+    ds = datasets.load_dataset(str(tmp_path / "ds"), cache_dir=str(tmp_path / "cache"))
+    assert all(len(r["labels"]) == len(r["completions"]) for r in ds["train"])
+    assert (tmp_path / "ds" / "images" / "value_by_step.png").stat().st_size > 1000

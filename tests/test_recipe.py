@@ -70,3 +70,26 @@ def test_processbench_recipe_judge_only(tmp_path):
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     assert "judge_first_error vs" in p.stdout and "mc_first_error" not in p.stdout
     assert not (work / "labeled").exists() and (work / "eval" / "f1-judge.json").exists()
+
+
+def test_pipeline_recipe_ends_with_a_hub_ready_folder(tmp_path):
+    """ingest -> rollout -> mc-label -> judge -> filter -> export -> publish --dry-run, scripted engines."""
+    import datasets
+
+    work = tmp_path / "pipe"
+    args = ["make", "-f", "recipes/pipeline.mk", f"WORK={work}", f"DATA={DATA}", "N=3", "SAMPLES=2", "K=2",
+            "MODEL=scripted:echo", "JUDGE_MODEL=scripted:judge", "ENGINE_ARGS=--engine scripted",
+            "FILTER_RULES=no-error steps:1-", "EXPORT_ARGS=--format trl --labels judge_label",
+            f"STEPKIT={sys.executable} -m stepkit.cli"]
+    p = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    stages = [line.split("stepkit.cli ")[1].split()[0] for line in p.stdout.splitlines() if "stepkit.cli" in line]
+    assert stages == ["ingest", "rollout", "mc-label", "judge", "filter", "export", "publish"]
+    assert "nothing uploaded" in p.stderr
+    card = (work / "dataset" / "README.md").read_text()
+    for stage in ("ingest", "rollout", "mc-label", "judge", "filter"):
+        assert f"**`{stage}`**" in card
+    ds = datasets.load_dataset(str(work / "dataset"), cache_dir=str(tmp_path / "cache"))
+    assert ds["train"].num_rows == 6 and ds["train"].features["labels"] == datasets.List(datasets.Value("bool"))
+    again = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert [line for line in again.stdout.splitlines() if "stepkit.cli" in line and "publish" not in line] == []

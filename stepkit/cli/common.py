@@ -74,8 +74,9 @@ def sampling(kw: dict, stop=(), **overrides) -> SamplingConfig:
     return from_params(SamplingConfig, kw, stop=tuple(stop), **overrides)
 
 
-def run(stage, inp, out, kw: dict, title: str) -> None:
-    """Run ``stage`` with the runner options in ``kw`` and print the summary table."""
+def run(stage, inp, out, kw: dict, title: str, shown=None) -> None:
+    """Run ``stage`` with the runner options in ``kw`` and print the summary table (the counters for
+    which ``shown(name)`` is true; all by default)."""
     from stepkit.runner import run_stage
 
     opts = from_params(_run_options_class(), kw)
@@ -84,7 +85,7 @@ def run(stage, inp, out, kw: dict, title: str) -> None:
         click.echo(f"{title}: no shard for --rank {opts.rank} of --world-size {opts.world_size}; nothing to do",
                    err=True)
         return
-    print_results(results, title)
+    print_results(results, title, shown)
 
 
 def check_json_path(ctx, param, value):
@@ -109,7 +110,7 @@ def write_json_report(path, doc) -> None:
         raise StepkitError(f"{p}: cannot write the report ({e.strerror or e})") from None
 
 
-def print_results(results, title: str) -> None:
+def print_results(results, title: str, shown=None) -> None:
     """Summary table at the end of a run: one column per shard, one row per figure."""
     from rich.table import Table
 
@@ -124,7 +125,7 @@ def print_results(results, title: str) -> None:
             ("tokens generated (this run)", lambda r: r.tokens),
             ("tokens/s", lambda r: f"{r.tokens / r.seconds:.0f}" if r.seconds > 0 and r.tokens else "-"),
             ("seconds (this run)", lambda r: f"{r.seconds:.1f}")]
-    for k in sorted({k for r in results for k in r.counters if k != "errors"}):
+    for k in sorted({k for r in results for k in r.counters if k != "errors" and (shown is None or shown(k))}):
         rows.append((k.replace("_", " "), lambda r, k=k: r.counters.get(k, "")))
     for name, fn in rows:
         t.add_row(name, *[str(fn(r)) for r in results])

@@ -31,7 +31,12 @@ def command(inp, out, **kw):
     """
     from stepkit.stages.filter import FilterStage
 
-    run(FilterStage(from_params(FilterConfig, kw)), inp, out, kw, "filter")
+    run(FilterStage(from_params(FilterConfig, kw)), inp, out, kw, "filter", shown=_summary_counter)
+
+
+def _summary_counter(name: str) -> bool:
+    """The run summary shows rows and steps; the label balance is in the manifest and ``stats``."""
+    return name.startswith(("rows_", "steps_", "dropped_")) and not name.startswith("steps_dropped_")
 
 
 def _filter_tables(rows, console, figs, shards):

@@ -145,6 +145,7 @@ def draw_figures(stats: dict[str, Any], folder: Path, title: str) -> list[str]:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     written = []
     (folder / "images").mkdir(parents=True, exist_ok=True)
@@ -156,10 +157,12 @@ def draw_figures(stats: dict[str, Any], folder: Path, title: str) -> list[str]:
         ax.set_ylim(-0.03, 1.03)
         ax.set_xlabel("step position (0-based)")
         ax.set_ylabel(stats.get("value_label", "mean label"))
-        ax.set_title(f"{title}: mean label by step position")
+        ax.set_title(f"{title}: labels by step position")
         ax2 = ax.twinx()
         ax2.bar(xs, [pos[i][1] for i in xs], color="#999999", alpha=0.25, width=0.8)
         ax2.set_ylabel("rows with this step", color="#666666")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax2.yaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_zorder(ax2.get_zorder() + 1)
         ax.patch.set_visible(False)
         fig.tight_layout()
@@ -174,6 +177,7 @@ def draw_figures(stats: dict[str, Any], folder: Path, title: str) -> list[str]:
                color=["#3a9d5d" if k == -1 else "#d9534f" for k in keys])
         ax.set_xlabel("first error step (0-based; none = every step correct)")
         ax.set_ylabel("rows")
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_title(f"{title}: first-error histogram")
         fig.tight_layout()
         fig.savefig(folder / IMAGES["first_error"])
