@@ -43,7 +43,14 @@ import pyarrow as pa
 from stepkit import __version__
 from stepkit.errors import ConfigError, InputError, RowError, StepkitError
 from stepkit.options import Config, identity, opt
-from stepkit.schema import check_columns, check_steps, check_values, error_reason
+from stepkit.schema import (
+    check_columns,
+    check_error_column,
+    check_steps,
+    check_values,
+    error_reason,
+    with_error_column,
+)
 from stepkit.shards import (
     config_hash,
     file_sha256,
@@ -116,7 +123,9 @@ class Stage:
         return identity(self.cfg) if self.cfg is not None else {}
 
     def output_schema(self, input_schema: pa.Schema) -> pa.Schema:
-        """The explicit schema of the output rows (input columns plus the stage's own)."""
+        """The explicit schema of the output rows (input columns plus the stage's own). The runner adds
+        the ``error`` column when it is missing (:func:`stepkit.schema.with_error_column`), so a row error
+        is never dropped, whatever shard the input came from."""
         return input_schema
 
     def side_outputs(self) -> dict[str, SideOutput]:
@@ -329,6 +338,7 @@ def plan_run(stage: Stage, in_path: str | os.PathLike, out_path: str | os.PathLi
         pf = open_parquet(shard)
         schema = pf.schema_arrow
         check_columns(schema, stage.required_columns, shard)
+        check_error_column(schema, shard)
         stage.check_schema(schema, shard)
         join_cols = [side.on or side.key for side, _ in sides_in.values()]
         extra = [c for c in (*stage.optional_columns, "error") if c in schema.names]
@@ -638,7 +648,7 @@ def _run_shard(stage: Stage, plan: ShardPlan, opts: RunOptions, console) -> Shar
     parts.mkdir(parents=True, exist_ok=True)
     write_json(parts / "run.json", ident)
 
-    out_schema = stage.output_schema(plan.schema)
+    out_schema = with_error_column(stage.output_schema(plan.schema))  # every stage's output has `error`
     side_schemas = {name: s.schema for name, s in stage.side_outputs().items()}
     side_tables = _load_side_tables(stage, plan)
     bounds = plan.chunks  # decided by plan_run (whole group_by runs per chunk)

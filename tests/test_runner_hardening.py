@@ -1,0 +1,100 @@
+"""Defects of the runner and its commands found by the hardening issue, one test (or a few) each:
+row errors kept whatever the input's columns, reports that never write over a shard's own files, parts
+deleted mid-run, symlink loops, the output lock, folders whose shards come from different settings."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from stepkit.engines.base import Completion, EngineSpec, SamplingConfig
+from stepkit.engines.scripted import ScriptedEngine, judge_policy
+from stepkit.errors import InputError
+from stepkit.runner import run_stage
+from tests.conftest import DATA, run_cli
+from tests.toy_stage import ToyConfig, ToyStage
+
+SCRIPTED = ["--engine", "scripted", "--model", "scripted:echo", "-k", "2", "--no-progress"]
+
+
+@pytest.fixture(scope="module")
+def solutions(tmp_path_factory) -> Path:
+    """12 real GSM8K model solutions (3 problems x 4 generators)."""
+    out = tmp_path_factory.mktemp("sol") / "solutions.parquet"
+    run_cli("ingest", "gsm8k-solutions", DATA / "gsm8k" / "example_model_solutions.jsonl", out, "--limit", "3")
+    return out
+
+
+def one_error_line(p) -> str:
+    lines = [line for line in p.stderr.strip().splitlines() if line.strip()]
+    assert p.returncode == 1 and len(lines) == 1 and lines[0].startswith("error: "), p.stderr
+    assert "Traceback" not in p.stderr
+    return lines[0]
+
+
+# --- D3: a stage's output always carries `error` ------------------------------------------------------------
+
+@pytest.fixture
+def no_error_column(solutions, tmp_path) -> Path:
+    """The solutions as another tool writes them: no `error` column, row 0 without a reference answer."""
+    t = pq.read_table(solutions).drop(["error"])
+    refs = t.column("reference_answer").to_pylist()
+    refs[0] = None
+    t = t.set_column(t.schema.get_field_index("reference_answer"), "reference_answer", pa.array(refs, pa.string()))
+    path = tmp_path / "other-tool.parquet"
+    pq.write_table(t, path)
+    return path
+
+
+def test_mc_label_keeps_its_row_error_when_the_input_has_no_error_column(no_error_column, tmp_path):
+    out = tmp_path / "lab.parquet"
+    run_cli("mc-label", no_error_column, out, *SCRIPTED, "--max-error-rate", "1")
+    errors = pq.read_table(out, columns=["error"]).column("error").to_pylist()
+    assert errors[0].startswith("mc-label: no reference_answer") and errors[1:] == [None] * 11
+    assert pq.read_schema(out).field("error").type == pa.string()
+    stats = run_cli("stats", out).stdout
+    assert "no reference_answer" in stats  # the errors-by-reason table
+    assert json.loads((tmp_path / "lab.manifest.json").read_text())["counts"]["errors"] == 1
+
+
+def test_judge_keeps_its_row_error_when_the_input_has_no_error_column(no_error_column, tmp_path):
+    def failing(prompt, j, n):  # the engine fails on one row's prompt
+        if "Janet" in prompt:
+            return Completion("server went away", "error")
+        return judge_policy(prompt, j, n)
+
+    from stepkit.stages.judge import JudgeConfig, JudgeStage
+
+    stage = JudgeStage(JudgeConfig(), EngineSpec.of(ScriptedEngine(failing, "scripted:judge")), SamplingConfig())
+    out = tmp_path / "judged.parquet"
+    (res,) = run_stage(stage, no_error_column, out, progress=False, max_error_rate=1.0)
+    rows = pq.read_table(out).to_pylist()
+    failed = [r for r in rows if r["error"]]
+    assert res.errors == len(failed) > 0
+    assert all(r["error"] == "judge: engine: server went away" and "Janet" in r["prompt"] for r in failed)
+
+
+def test_every_stage_output_has_an_error_column_and_a_wrongly_typed_one_is_bad_input(solutions, tmp_path):
+    """The toy stage declares no `error` column: the runner adds it, for every stage."""
+    src = tmp_path / "in.parquet"
+    pq.write_table(pq.read_table(solutions).drop(["error"]), src)
+    stage = ToyStage(ToyConfig(steps_out=str(tmp_path / "s.parquet"), min_length=10_000))
+    (res,) = run_stage(stage, src, tmp_path / "o.parquet", progress=False, max_error_rate=1.0)
+    errors = pq.read_table(tmp_path / "o.parquet", columns=["error"]).column("error").to_pylist()
+    assert res.errors == 12 and all(e.startswith("toy-steps: short step") for e in errors)
+
+    t = pq.read_table(solutions)
+    bad = tmp_path / "int-error.parquet"
+    pq.write_table(t.set_column(t.schema.get_field_index("error"), "error", pa.array([0] * t.num_rows)), bad)
+    with pytest.raises(InputError, match=r"int-error.parquet: column 'error': expected type string, found int64"):
+        run_stage(ToyStage(ToyConfig(steps_out=str(tmp_path / "s2.parquet"))), bad, tmp_path / "o2.parquet",
+                  progress=False)
+    nulls = tmp_path / "null-error.parquet"  # all-null, typed null (as pandas writes an empty object column)
+    pq.write_table(t.set_column(t.schema.get_field_index("error"), "error", pa.nulls(t.num_rows)), nulls)
+    run_stage(ToyStage(ToyConfig(steps_out=str(tmp_path / "s3.parquet"), min_length=10_000)), nulls,
+              tmp_path / "o3.parquet", progress=False, max_error_rate=1.0)
+    assert pq.read_schema(tmp_path / "o3.parquet").field("error").type == pa.string()
