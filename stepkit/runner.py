@@ -61,6 +61,7 @@ from stepkit.shards import (
     open_parquet,
     output_path,
     read_manifest,
+    resolve_path,
     rows_to_table,
     select_shards,
     write_json,
@@ -327,12 +328,12 @@ def plan_run(stage: Stage, in_path: str | os.PathLike, out_path: str | os.PathLi
     chunk_size = opts.chunk_size or stage.default_chunk_size
     if in_path.is_dir() and out_path.suffix == ".parquet":
         raise ConfigError(f"{out_path}: IN {in_path} is a folder of shards, so OUT must be a folder too")
-    if out_path.resolve() == in_path.resolve():
+    if resolve_path(out_path) == resolve_path(in_path):
         raise ConfigError(f"{out_path}: OUT is the same as IN; write the output somewhere else")
     sides_out = stage.side_outputs()
     sides_in = {name: (side, _load_side_input(name, side)) for name, side in stage.side_inputs().items()}
     side_hashes = {name: [file_sha256(p) for p in paths] for name, (side, (paths, _)) in sides_in.items()}
-    read_only = {p.resolve() for _, (paths, _) in sides_in.values() for p in paths}  # never written
+    read_only = {resolve_path(p) for _, (paths, _) in sides_in.values() for p in paths}  # never written
     plans = []
     for shard in select_shards(list_shards(in_path), opts.rank, opts.world_size):
         pf = open_parquet(shard)
@@ -354,18 +355,18 @@ def plan_run(stage: Stage, in_path: str | os.PathLike, out_path: str | os.PathLi
             for first, rows in iter_row_chunks(shard, 1024, columns=[stage.group_by]):
                 groups.feed(rows, first)
         out = output_path(shard, in_path, out_path)
-        if out.resolve() in read_only:
+        if resolve_path(out) in read_only:
             raise ConfigError(f"{out}: OUT is a side input of this run; write the output somewhere else")
         _check_writable(out, shard)
         side_paths = {}
-        own_files = {manifest_path(out).resolve(), _parts_dir(out).resolve()}
+        own_files = {resolve_path(manifest_path(out)), resolve_path(_parts_dir(out))}
         for name, side in sides_out.items():
             p = output_path(shard, in_path, Path(side.path))
-            taken = {out.resolve(), shard.resolve(), *read_only, *(q.resolve() for q in side_paths.values())}
-            if p.resolve() in taken:
+            taken = {resolve_path(out), resolve_path(shard), *read_only, *(resolve_path(q) for q in side_paths.values())}
+            if resolve_path(p) in taken:
                 raise ConfigError(f"{p}: the {name} output would overwrite IN, OUT, a side input or another "
                                   "output; give it its own path")
-            if own_files & {p.resolve(), manifest_path(p).resolve(), *p.resolve().parents}:
+            if own_files & {resolve_path(p), resolve_path(manifest_path(p)), *resolve_path(p).parents}:
                 raise ConfigError(f"{p}: the {name} output would go into OUT's own files (its manifest or parts "
                                   "folder); give it its own path")
             _check_writable(p, shard)
@@ -534,7 +535,7 @@ def run_stage(stage: Stage, in_path: str | os.PathLike, out_path: str | os.PathL
 
 def _check_writable(out: Path, shard: Path) -> None:
     """Fail before any model is loaded when ``out`` cannot be written or would overwrite the input."""
-    if out.resolve() == shard.resolve():
+    if resolve_path(out) == resolve_path(shard):
         raise ConfigError(f"{out}: OUT is the same file as IN; write the output somewhere else")
     if out.is_dir():
         raise ConfigError(f"{out}: is a folder, expected a .parquet file path")

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -26,11 +27,24 @@ ROW_GROUP_BYTES = 64 * 1024 * 1024
 """Upper bound on the uncompressed bytes of one row group (a row group holds at least one row)."""
 
 
+def resolve_path(path: str | os.PathLike) -> Path:
+    """``Path(path).resolve()``, with a symlink loop as one clear :class:`InputError` (pathlib raises
+    ``RuntimeError`` or ``OSError`` for it)."""
+    p = Path(path)
+    try:
+        return p.resolve()
+    except (RuntimeError, OSError) as e:
+        if isinstance(e, OSError) and e.errno not in (errno.ELOOP, None):
+            raise InputError(p, f"cannot be resolved ({e.strerror or e})") from None
+        raise InputError(p, "is a symlink loop (a link that points back to itself)") from None
+
+
 def list_shards(path: str | os.PathLike) -> list[Path]:
     """The Parquet files named by ``path``: the file itself, or the sorted ``*.parquet`` of a folder.
 
     Raises:
-        InputError: the path does not exist, or a folder holds no ``.parquet`` file.
+        InputError: the path does not exist (or is a symlink loop or a broken link), or a folder holds
+            no ``.parquet`` file.
     """
     p = Path(path)
     if p.is_dir():
@@ -39,6 +53,9 @@ def list_shards(path: str | os.PathLike) -> list[Path]:
             raise InputError(p, "folder holds no .parquet shards")
         return shards
     if not p.exists():
+        if p.is_symlink():
+            resolve_path(p)  # a loop raises here
+            raise InputError(p, f"is a broken symlink (to {os.readlink(p)}, which does not exist)")
         raise InputError(p, "no such file or folder")
     return [p]
 

@@ -98,3 +98,29 @@ def test_every_stage_output_has_an_error_column_and_a_wrongly_typed_one_is_bad_i
     run_stage(ToyStage(ToyConfig(steps_out=str(tmp_path / "s3.parquet"), min_length=10_000)), nulls,
               tmp_path / "o3.parquet", progress=False, max_error_rate=1.0)
     assert pq.read_schema(tmp_path / "o3.parquet").field("error").type == pa.string()
+
+
+# --- D14: a symlink loop is one error line ------------------------------------------------------------------
+
+def test_a_symlink_loop_as_in_or_out_is_one_error_line(solutions, tmp_path):
+    loop = tmp_path / "loop.parquet"
+    loop.symlink_to(tmp_path / "back.parquet")
+    (tmp_path / "back.parquet").symlink_to(loop)
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    (out_dir / solutions.name).symlink_to(out_dir / solutions.name)  # OUT/<shard name> points to itself
+    loops = {("mc-label", loop, tmp_path / "o.parquet", *SCRIPTED): loop,
+             ("mc-label", solutions, loop, *SCRIPTED): loop,
+             ("mc-label", solutions, out_dir, *SCRIPTED): out_dir / solutions.name,
+             ("rollout", loop, tmp_path / "r.parquet", *SCRIPTED[:4]): loop,
+             ("stats", loop): loop,
+             ("eval", "processbench", loop, "--pred", "mc_first_error"): loop}
+    for args, where in loops.items():
+        line = one_error_line(run_cli(*args, check=False))
+        assert line == f"error: {where}: is a symlink loop (a link that points back to itself)", args
+    with pytest.raises(InputError, match="is a symlink loop"):
+        run_stage(ToyStage(ToyConfig(steps_out=str(loop))), solutions, tmp_path / "t.parquet", progress=False)
+    broken = tmp_path / "broken.parquet"
+    broken.symlink_to(tmp_path / "nowhere.parquet")
+    assert "is a broken symlink" in one_error_line(run_cli("mc-label", broken, tmp_path / "b.parquet", *SCRIPTED,
+                                                           check=False))
