@@ -100,6 +100,37 @@ def test_every_stage_output_has_an_error_column_and_a_wrongly_typed_one_is_bad_i
     assert pq.read_schema(tmp_path / "o3.parquet").field("error").type == pa.string()
 
 
+# --- D4: an eval report never writes over a shard's own files ------------------------------------------------
+
+def test_eval_report_never_writes_over_a_shards_manifest_parts_or_shard(solutions, tmp_path):
+    out = tmp_path / "lab.parquet"
+    run_cli("mc-label", solutions, out, *SCRIPTED)
+    manifest = tmp_path / "lab.manifest.json"
+    before = manifest.read_bytes()
+    parts = tmp_path / "other.parquet.parts"
+    parts.mkdir()
+    (parts / "part-00000.json").write_text('{"rows": 1, "counters": {}}')
+    copy = tmp_path / "copy.json"
+    copy.write_bytes(before)
+    disguised = tmp_path / "shard.json"
+    disguised.write_bytes(out.read_bytes())
+    refused = {manifest: "is the manifest of the shard", parts / "part-00000.json": "is inside the parts folder",
+               parts / "run.json": "is inside the parts folder", copy: "is the manifest of a mc-label shard",
+               disguised: "is a Parquet shard"}
+    for cmd in (["agreement", out, "--a", "mc_first_error", "--b", "mc_first_error"],
+                ["processbench", out, "--pred", "mc_first_error", "--gold", "mc_first_error"]):
+        for path, why in refused.items():
+            line = one_error_line(run_cli("eval", *cmd, "--json", path, check=False))
+            assert f"{path}: {why}" in line
+    assert manifest.read_bytes() == before and copy.read_bytes() == before
+    assert (parts / "part-00000.json").read_text() == '{"rows": 1, "counters": {}}' and not (parts / "run.json").exists()
+    assert "up to date" in run_cli("mc-label", solutions, out, *SCRIPTED).stderr  # provenance intact
+    report = tmp_path / "report.json"
+    run_cli("eval", "agreement", out, "--a", "mc_first_error", "--b", "mc_first_error", "--json", report)
+    run_cli("eval", "agreement", out, "--a", "mc_first_error", "--b", "mc_first_error", "--json", report)
+    assert "matrix" in json.loads(report.read_text())  # an earlier report is replaced, as before
+
+
 # --- D14: a symlink loop is one error line ------------------------------------------------------------------
 
 def test_a_symlink_loop_as_in_or_out_is_one_error_line(solutions, tmp_path):
