@@ -555,7 +555,10 @@ def _check_writable(out: Path, shard: Path) -> None:
 
 
 class _OutputLock:
-    """An exclusive lock on one output, so two runs never write the same OUT at once."""
+    """An exclusive lock on one output, so two runs never write the same OUT at once.
+
+    The lock file holds the holder's pid. It is opened without truncating, so a run that is refused
+    leaves the holder's pid in place (and names it)."""
 
     def __init__(self, out: Path):
         self.path = out.with_name(f".{out.name}.lock")
@@ -563,23 +566,34 @@ class _OutputLock:
     def __enter__(self):
         import fcntl
 
-        try:
-            self.f = open(self.path, "w")
-        except OSError as e:
-            raise ConfigError(f"{self.path.parent}: cannot write there ({e.strerror or e})") from None
-        try:
-            fcntl.flock(self.f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            self.f.close()
-            raise ConfigError(f"{self.path.name[1:-5]}: another stepkit run is writing this output "
-                              f"(lock {self.path}); wait for it or stop it") from None
-        self.f.write(str(os.getpid()))
-        self.f.flush()
+        while True:
+            try:
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            except OSError as e:
+                raise ConfigError(f"{self.path.parent}: cannot write there ({e.strerror or e})") from None
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.read(fd, 32).decode(errors="replace").strip()
+                os.close(fd)
+                raise ConfigError(f"{self.path.name[1:-5]}: another stepkit run is writing this output ("
+                                  f"{f'pid {holder}, ' if holder else ''}lock {self.path}); wait for it or stop it"
+                                  ) from None
+            try:  # the holder may have removed the file between our open and our lock: lock the one there
+                st, now = os.fstat(fd), os.stat(self.path)
+                if (st.st_dev, st.st_ino) == (now.st_dev, now.st_ino):
+                    break
+            except FileNotFoundError:
+                pass
+            os.close(fd)
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())
+        self.fd = fd
         return self
 
     def __exit__(self, *exc):
         self.path.unlink(missing_ok=True)
-        self.f.close()
+        os.close(self.fd)
 
 
 def _parts_dir(out: Path) -> Path:

@@ -5,6 +5,7 @@ deleted mid-run, symlink loops, the output lock, folders whose shards come from 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pyarrow as pa
@@ -155,3 +156,20 @@ def test_a_symlink_loop_as_in_or_out_is_one_error_line(solutions, tmp_path):
     broken.symlink_to(tmp_path / "nowhere.parquet")
     assert "is a broken symlink" in one_error_line(run_cli("mc-label", broken, tmp_path / "b.parquet", *SCRIPTED,
                                                            check=False))
+
+
+# --- the output lock keeps its holder's pid -------------------------------------------------------------------
+
+def test_a_refused_run_leaves_the_lock_holders_pid(solutions, tmp_path):
+    from stepkit.runner import _OutputLock
+
+    out = tmp_path / "lab.parquet"
+    lock = tmp_path / ".lab.parquet.lock"
+    with _OutputLock(out):
+        assert lock.read_text() == str(os.getpid())
+        line = one_error_line(run_cli("mc-label", solutions, out, *SCRIPTED, check=False))
+        assert f"another stepkit run is writing this output (pid {os.getpid()}, lock {lock})" in line
+        assert lock.read_text() == str(os.getpid())  # the refused run did not truncate it
+    assert not lock.exists() and not out.exists()
+    run_cli("mc-label", solutions, out, *SCRIPTED)  # the lock is free again
+    assert out.exists() and not lock.exists()
