@@ -414,6 +414,11 @@ def _check_existing(plan: ShardPlan, force: bool) -> None:
             old = json.loads(run_file.read_text()) if run_file.exists() else {}
         except (OSError, ValueError):
             old = {}
+        if not old.get("config_hash"):  # no (readable) run.json: its parts' configuration is unknown
+            if any(_parts_dir(out).glob("*.parquet")):
+                raise ConfigError(f"{_parts_dir(out)}: partial run without a readable run.json, so the configuration "
+                                  "of its parts is unknown; use --force to discard it")
+            return  # nothing committed (e.g. a kill right after the folder was made): start afresh in it
         if old.get("config_hash") != ident["config_hash"]:
             raise ConfigError(f"{_parts_dir(out)}: partial run from a different configuration "
                               f"({_describe_change(old, ident)}); use --force to discard it")
@@ -601,12 +606,59 @@ def _parts_dir(out: Path) -> Path:
 
 
 def _log(parts: Path, **event) -> None:
+    parts.mkdir(parents=True, exist_ok=True)  # a user may have deleted it mid-run
     with open(parts / "log.jsonl", "a") as f:
         f.write(json.dumps({"time": time.time(), "pid": os.getpid(), **event}) + "\n")
 
 
 def _part(parts: Path, i: int, kind: str = "part", suffix: str = "parquet") -> Path:
     return parts / f"{kind}-{i:05d}.{suffix}"
+
+
+def _ensure_parts(parts: Path, ident: dict[str, Any]) -> None:
+    """The parts folder with its ``run.json`` (the identity), created again if it was deleted mid-run."""
+    if not (parts / "run.json").exists():
+        parts.mkdir(parents=True, exist_ok=True)
+        write_json(parts / "run.json", ident)
+
+
+def _committed(parts: Path, i: int, side_names) -> bool:
+    """Chunk ``i`` is committed: its rows, its counters and its side tables are all there."""
+    return all(p.exists() for p in (_part(parts, i), _part(parts, i, suffix="json"),
+                                    *(_part(parts, i, name) for name in side_names)))
+
+
+def _uncommitted_chunks(shard: Path, bounds: list[tuple[int, int]], parts: Path, side_names, committed: set[int],
+                        resumed: set[int]):
+    """``(i, rows)`` of each chunk not in ``committed``; then again for any chunk whose committed parts
+    disappeared during the pass (``OUT.parts`` or OUT's folder deleted mid-run), which are so redone.
+    Chunks redone leave ``resumed``. A third pass is refused: something keeps deleting the parts."""
+    todo = set(range(len(bounds))) - committed
+    for attempt in range(3):
+        if not todo:
+            return
+        if attempt == 2:
+            raise StepkitError(f"{parts}: committed parts of chunks {sorted(todo)[:5]} disappeared twice during "
+                               "this run; is something deleting this folder? Run the command again when it stops")
+        if attempt:
+            _log(parts, event="redo", chunks=sorted(todo))
+            resumed -= todo
+        for i, rows in enumerate(iter_row_ranges(shard, bounds)):
+            if i in todo:
+                yield i, rows
+        todo = {i for i in range(len(bounds)) if not _committed(parts, i, side_names)}
+
+
+def _read_part(path: Path):
+    """A committed part for the final gather: its rows (``.parquet``) or counters (``.json``); one clear
+    line when it disappeared since it was checked."""
+    try:
+        return json.loads(path.read_text()) if path.suffix == ".json" else open_parquet(path).read()
+    except (FileNotFoundError, InputError):
+        if path.exists():
+            raise
+        raise StepkitError(f"{path}: a committed part disappeared while the shard was gathered; run the same "
+                           "command again (committed chunks are kept, missing ones redone)") from None
 
 
 def _attribute_errors(stage: Stage, before: list, out_rows: list[dict]) -> tuple[int, int, dict[str, int]]:
@@ -660,15 +712,15 @@ def _run_shard(stage: Stage, plan: ShardPlan, opts: RunOptions, console) -> Shar
         _check_existing(plan, False)
         if plan.status == "up to date":  # another run finished it meanwhile
             return ShardResult(shard, out, "up to date", rows=plan.done_rows)
-    parts.mkdir(parents=True, exist_ok=True)
-    write_json(parts / "run.json", ident)
+    _ensure_parts(parts, ident)
 
     out_schema = with_error_column(stage.output_schema(plan.schema))  # every stage's output has `error`
     side_schemas = {name: s.schema for name, s in stage.side_outputs().items()}
     side_tables = _load_side_tables(stage, plan)
     bounds = plan.chunks  # decided by plan_run (whole group_by runs per chunk)
     n_chunks = len(bounds)
-    committed = {i for i in range(n_chunks) if _part(parts, i).exists()}
+    committed = {i for i in range(n_chunks) if _committed(parts, i, side_schemas)}
+    resumed = set(committed)  # committed by an earlier run and not redone in this one
     result = ShardResult(shard, out, "done", chunks=n_chunks, resumed_chunks=len(committed))
     _log(parts, event="start", committed=sorted(committed), chunks=n_chunks)
 
@@ -676,9 +728,7 @@ def _run_shard(stage: Stage, plan: ShardPlan, opts: RunOptions, console) -> Shar
     tokens0 = stage.tokens_generated()
     with _Progress(opts.progress, console, f"{stage.name} {shard.name}", n_rows) as bar:
         bar.advance(sum(bounds[i][1] - bounds[i][0] for i in committed), 0)
-        for i, rows in enumerate(iter_row_ranges(shard, bounds)):
-            if i in committed:
-                continue
+        for i, rows in _uncommitted_chunks(shard, bounds, parts, side_schemas, committed, resumed):
             _log(parts, event="chunk_start", chunk=i)
             for name, (side, table) in side_tables.items():
                 col = side.on or side.key
@@ -698,6 +748,7 @@ def _run_shard(stage: Stage, plan: ShardPlan, opts: RunOptions, console) -> Shar
                       for name, schema in side_schemas.items()}
             main = _stage_table(stage, out_rows, out_schema, "its output")
             # Side tables and counters first, rows last: the main part's .parquet marks the chunk committed.
+            _ensure_parts(parts, ident)  # (deleted meanwhile? then run.json comes back with the part)
             for name, table in tables.items():
                 write_table(_part(parts, i, name), table)
             write_json(_part(parts, i, suffix="json"), {"rows": len(out_rows), "counters": counters,
@@ -705,7 +756,7 @@ def _run_shard(stage: Stage, plan: ShardPlan, opts: RunOptions, console) -> Shar
             write_table(_part(parts, i), main)
             _log(parts, event="chunk_commit", chunk=i, rows=len(out_rows))
             bar.advance(len(rows), stage.tokens_generated() - tokens0)
-    result.seconds = time.time() - t0
+    result.seconds, result.resumed_chunks = time.time() - t0, len(resumed)
     result.tokens = stage.tokens_generated() - tokens0
 
     # Totals over all parts, including those committed by an earlier (killed) run.
@@ -713,12 +764,12 @@ def _run_shard(stage: Stage, plan: ShardPlan, opts: RunOptions, console) -> Shar
     reasons: dict[str, int] = {}  # this stage's errors only; upstream ones are counted in upstream_errors
     tables = []
     for i in range(n_chunks):
-        meta = json.loads(_part(parts, i, suffix="json").read_text())
+        meta = _read_part(_part(parts, i, suffix="json"))
         for k, v in meta["counters"].items():
             totals[k] = totals.get(k, 0) + v
         for k, v in meta.get("error_reasons", {}).items():
             reasons[k] = reasons.get(k, 0) + v
-        tables.append(open_parquet(_part(parts, i)).read())
+        tables.append(_read_part(_part(parts, i)))
     table = pa.concat_tables(tables) if tables else rows_to_table([], out_schema)
     result.rows, result.errors, result.counters = table.num_rows, totals.get("errors", 0), totals
     if result.rows and result.errors / result.rows > opts.max_error_rate:
@@ -746,7 +797,7 @@ def _run_shard(stage: Stage, plan: ShardPlan, opts: RunOptions, console) -> Shar
     if side_schemas:  # side outputs first: OUT appearing is what marks the shard finished
         manifest["side_outputs"] = {}
         for name, schema in side_schemas.items():
-            parts_of = [open_parquet(_part(parts, i, name)).read() for i in range(n_chunks)]
+            parts_of = [_read_part(_part(parts, i, name)) for i in range(n_chunks)]
             side_table = pa.concat_tables(parts_of) if parts_of else rows_to_table([], schema)
             path = plan.side_outputs[name]
             side_manifest = {**manifest, "side_output": name, "side_output_of": str(out),
@@ -758,7 +809,7 @@ def _run_shard(stage: Stage, plan: ShardPlan, opts: RunOptions, console) -> Shar
     # and a kill between the two leaves the parts to finish from.
     write_json(manifest_path(out), manifest)
     write_table(out, table, metadata=manifest)
-    shutil.rmtree(parts)
+    shutil.rmtree(parts, ignore_errors=True)
     return result
 
 

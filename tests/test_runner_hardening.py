@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 import pyarrow as pa
@@ -14,7 +15,7 @@ import pytest
 
 from stepkit.engines.base import Completion, EngineSpec, SamplingConfig
 from stepkit.engines.scripted import ScriptedEngine, judge_policy
-from stepkit.errors import InputError
+from stepkit.errors import InputError, StepkitError
 from stepkit.runner import run_stage
 from tests.conftest import DATA, run_cli
 from tests.toy_stage import ToyConfig, ToyStage
@@ -173,3 +174,79 @@ def test_a_refused_run_leaves_the_lock_holders_pid(solutions, tmp_path):
     assert not lock.exists() and not out.exists()
     run_cli("mc-label", solutions, out, *SCRIPTED)  # the lock is free again
     assert out.exists() and not lock.exists()
+
+
+# --- D7: parts deleted mid-run are redone -------------------------------------------------------------------
+
+class Deleting(ToyStage):
+    """Deletes ``victim`` (OUT.parts or OUT's folder) while it processes chunk ``at`` (calls counted from 0),
+    and again at every ``again``-th later call: a user cleaning up mid-run."""
+
+    def __init__(self, cfg, victim, at=2, again=None):
+        super().__init__(cfg)
+        self.victim, self.at, self.again, self.calls = victim, at, again, 0
+
+    def process(self, rows):
+        if self.calls == self.at or (self.again and self.calls > self.at and self.calls % self.again == 0):
+            shutil.rmtree(self.victim)
+        self.calls += 1
+        return super().process(rows)
+
+
+@pytest.mark.parametrize("victim", ["parts", "folder"])
+def test_parts_deleted_mid_run_are_redone(solutions, tmp_path, victim):
+    ref = tmp_path / "ref" / "o.parquet"
+    run_stage(ToyStage(ToyConfig(steps_out=str(tmp_path / "ref" / "s.parquet"))), solutions, ref, progress=False)
+    out, steps = tmp_path / "run" / "o.parquet", tmp_path / "run" / "s.parquet"
+    gone = out.with_name("o.parquet.parts") if victim == "parts" else out.parent
+    stage = Deleting(ToyConfig(steps_out=str(steps)), gone, at=3)
+    (res,) = run_stage(stage, solutions, out, progress=False)
+    assert stage.calls == 6 + 3  # 6 chunks of 2 rows; the 3 committed before the deletion are redone
+    assert pq.read_table(out).to_pylist() == pq.read_table(ref).to_pylist()
+    assert pq.read_table(steps).to_pylist() == pq.read_table(ref.with_name("s.parquet")).to_pylist()
+    m = json.loads(out.with_name("o.manifest.json").read_text())
+    assert m["counts"]["rows"] == 12 and m["counts"]["steps"] == json.loads(
+        ref.with_name("o.manifest.json").read_text())["counts"]["steps"]
+    assert res.resumed_chunks == 0 and not out.with_name("o.parquet.parts").exists()
+    assert "up to date" == run_stage(ToyStage(ToyConfig(steps_out=str(steps))), solutions, out,
+                                     progress=False)[0].status
+
+
+def test_parts_that_keep_disappearing_or_vanish_at_the_gather_are_one_line(solutions, tmp_path, monkeypatch):
+    import stepkit.runner as runner
+
+    out = tmp_path / "o.parquet"
+    parts = tmp_path / "o.parquet.parts"
+    with pytest.raises(StepkitError, match=r"o.parquet.parts: committed parts of chunks \[.*\] disappeared twice"):
+        run_stage(Deleting(ToyConfig(steps_out=str(tmp_path / "s.parquet")), parts, at=1, again=2), solutions, out,
+                  progress=False)
+    assert not out.exists()
+
+    chunks = runner._uncommitted_chunks
+
+    def then_delete(*args):  # every chunk committed, then one part goes before the gather reads it
+        yield from chunks(*args)
+        (parts / "part-00004.json").unlink()
+
+    monkeypatch.setattr(runner, "_uncommitted_chunks", then_delete)
+    with pytest.raises(StepkitError, match=r"part-00004.json: a committed part disappeared while the shard was "
+                                           r"gathered; run the same command again"):
+        run_stage(ToyStage(ToyConfig(steps_out=str(tmp_path / "s.parquet"))), solutions, out, progress=False)
+    monkeypatch.undo()
+    (res,) = run_stage(ToyStage(ToyConfig(steps_out=str(tmp_path / "s.parquet"))), solutions, out, progress=False)
+    assert res.resumed_chunks == 5 and pq.read_table(out).num_rows == 12  # only the chunk that lost a file
+
+
+def test_a_parts_folder_without_run_json_is_not_blamed_on_the_input(solutions, tmp_path):
+    out = tmp_path / "lab.parquet"
+    parts = tmp_path / "lab.parquet.parts"
+    parts.mkdir()  # as left by a kill right after the folder was made: nothing to keep, the run goes on
+    run_cli("mc-label", solutions, out, *SCRIPTED)
+    assert out.exists() and not parts.exists()
+    out.unlink()
+    parts.mkdir()
+    (parts / "part-00000.parquet").write_bytes(b"kept")  # parts whose configuration nobody recorded
+    line = one_error_line(run_cli("mc-label", solutions, out, *SCRIPTED, check=False))
+    assert f"{parts}: partial run without a readable run.json" in line and "--force" in line
+    assert "input file changed" not in line
+    assert (parts / "part-00000.parquet").read_bytes() == b"kept"
