@@ -52,6 +52,7 @@ from stepkit.schema import (
     with_error_column,
 )
 from stepkit.shards import (
+    config_diff,
     config_hash,
     file_sha256,
     iter_row_chunks,
@@ -305,15 +306,8 @@ def _describe_change(old: dict, new: dict) -> str:
         return f"side outputs {old.get('side_outputs') or []} -> {new.get('side_outputs') or []}"
     if old.get("chunk_size") != new.get("chunk_size"):
         return f"chunk size {old.get('chunk_size')} -> {new.get('chunk_size')}"
-    diffs = _diff(old.get("config", {}), new.get("config", {}))
+    diffs = config_diff(old.get("config", {}), new.get("config", {}))
     return "changed: " + ", ".join(f"{k} {a!r} -> {b!r}" for k, a, b in diffs[:3]) if diffs else "configuration changed"
-
-
-def _diff(a: Any, b: Any, path: str = "") -> list[tuple[str, Any, Any]]:
-    """The leaves that differ between two config documents, as ``(dotted key, old, new)``."""
-    if isinstance(a, dict) and isinstance(b, dict):
-        return [d for k in sorted(set(a) | set(b)) for d in _diff(a.get(k), b.get(k), f"{path}.{k}" if path else k)]
-    return [] if a == b else [(path, a, b)]
 
 
 def plan_run(stage: Stage, in_path: str | os.PathLike, out_path: str | os.PathLike, opts: RunOptions) -> list[ShardPlan]:
