@@ -254,37 +254,48 @@ def test_a_parts_folder_without_run_json_is_not_blamed_on_the_input(solutions, t
 
 # --- a folder whose shards were made with different settings -------------------------------------------------
 
-def test_stats_and_eval_warn_when_a_folders_shards_mix_configurations(tmp_path):
-    problems = tmp_path / "problems"
-    for i in range(2):  # per-shard ingest options (--skip) are not a mixed configuration
-        run_cli("ingest", "gsm8k", DATA / "gsm8k" / "test.jsonl", problems / f"p{i}.parquet", "--skip", 2 * i,
-                "--limit", "2")
-    common = ["--engine", "scripted", "--model", "scripted:echo", "-n", "2", "--no-progress"]
-    same, mixed = tmp_path / "same", tmp_path / "mixed"
-    for rank in (0, 1):  # the same settings on both ranks, then rank 1 with another temperature
-        run_cli("rollout", problems, same, *common, "--rank", rank, "--world-size", "2")
-        run_cli("rollout", problems, mixed, *common, "--rank", rank, "--world-size", "2",
-                *(["--temperature", "0.5"] if rank else []))
-    p = run_cli("stats", same)
-    assert "warning" not in p.stdout + p.stderr
+def in_process(*args) -> str:
+    """Run a light command (stats, eval) in this process; its output (stdout and stderr)."""
+    from click.testing import CliRunner
 
-    lab = tmp_path / "lab"  # one mc-label run over the mixed rollouts: the difference is in the lineage
-    run_cli("mc-label", mixed, lab, *SCRIPTED)
-    expected = ("p0.parquet and p1.parquet were made with different settings (rollout.config.sampling.temperature: "
-                "0.8 vs 0.5), so figures over this folder mix configurations")
-    assert f"warning: {lab}: {expected}" in run_cli("stats", lab).stdout
+    from stepkit.cli import main
+
+    r = CliRunner().invoke(main, [str(a) for a in args])
+    assert r.exit_code == 0, r.output
+    return r.output
+
+
+def test_stats_and_eval_warn_when_a_folders_shards_mix_configurations(tmp_path):
+    sols = tmp_path / "sols"
+    for i in range(2):  # per-shard ingest options (--skip) are not a mixed configuration
+        run_cli("ingest", "gsm8k-solutions", DATA / "gsm8k" / "example_model_solutions.jsonl", sols / f"s{i}.parquet",
+                "--skip", 4 * i, "--limit", "4")
+
+    def toy(inp, out, rank, min_length=0):
+        run_stage(ToyStage(ToyConfig(steps_out=str(tmp_path / f"{out.name}-steps"), min_length=min_length)), inp,
+                  out, rank=rank, world_size=2, progress=False, max_error_rate=1.0)
+
+    same, mixed, lab = tmp_path / "same", tmp_path / "mixed", tmp_path / "lab"
+    for rank in (0, 1):  # the same settings on both ranks, then rank 1 with another --min-length
+        toy(sols, same, rank)
+        toy(sols, mixed, rank, min_length=rank)
+    assert "warning" not in in_process("stats", same)
+    toy(mixed, lab, 0)  # one uniform run over the mixed folder: the difference is in the lineage
+    toy(mixed, lab, 1)
+    expected = ("s0.parquet and s1.parquet were made with different settings (toy-steps#2.config.min_length: 0 vs 1),"
+                " so figures over this folder mix configurations")
+    assert f"warning: {lab}: {expected}" in in_process("stats", lab)
 
     ranks = tmp_path / "ranks"  # two ranks of mc-label with different -k
-    run_cli("mc-label", same, ranks, *SCRIPTED, "--rank", "0", "--world-size", "2")
-    run_cli("mc-label", same, ranks, *SCRIPTED[:4], "-k", "3", "--no-progress", "--rank", "1", "--world-size", "2")
-    line = f"warning: {ranks}: p0.parquet and p1.parquet were made with different settings " \
+    run_cli("mc-label", sols, ranks, *SCRIPTED, "--rank", "0", "--world-size", "2")
+    run_cli("mc-label", sols, ranks, *SCRIPTED[:4], "-k", "3", "--no-progress", "--rank", "1", "--world-size", "2")
+    line = f"warning: {ranks}: s0.parquet and s1.parquet were made with different settings " \
            "(mc-label.config.continuations: 2 vs 3)"
-    assert line in run_cli("stats", ranks).stdout
+    assert line in in_process("stats", ranks)
     report = tmp_path / "report.json"
-    p = run_cli("eval", "agreement", ranks, "--a", "mc_first_error", "--b", "mc_first_error", "--json", report)
-    assert line in p.stdout and p.stdout.count("warning:") == 1
-    assert json.loads(report.read_text())["mixed_configuration"].startswith("p0.parquet and p1.parquet")
-    uniform = tmp_path / "uniform"
-    run_cli("mc-label", same, uniform, *SCRIPTED)
-    p = run_cli("eval", "agreement", uniform, "--a", "mc_first_error", "--b", "mc_first_error", "--json", report)
-    assert "warning" not in p.stdout and "mixed_configuration" not in json.loads(report.read_text())
+    shown = in_process("eval", "agreement", ranks, "--a", "mc_first_error", "--b", "mc_first_error", "--json", report)
+    assert line in shown and shown.count("warning:") == 1
+    assert json.loads(report.read_text())["mixed_configuration"].startswith("s0.parquet and s1.parquet")
+    shown = in_process("eval", "agreement", same, "--a", "reference_first_error", "--b", "reference_first_error",
+                       "--json", report)
+    assert "warning" not in shown and "mixed_configuration" not in json.loads(report.read_text())
