@@ -11,14 +11,16 @@ Contract (``docs/architecture.md``, "The runner contract"):
   ``<out>.parts/part-00007.parquet`` (temp file + rename) with its counters in ``part-00007.json`` and
   its side-output rows in ``<name>-00007.parquet``, written first: the main part's ``.parquet`` existing
   is what marks the chunk committed. A killed run, started again with the same command, skips
-  committed chunks and redoes at most the chunk that was in flight.
+  committed chunks and redoes at most the chunk that was in flight. Parts deleted during a run are
+  redone in that run.
 * When every chunk is committed, the side outputs and then ``<out>`` are written atomically, each with a
   manifest beside it (``<stem>.manifest.json``) and in its Parquet metadata, and the parts folder is
   removed.
 * The configuration identity (stage, input hash, side-input hashes, the stage's config, chunk size) is
   stored in the parts folder and the manifest; a rerun with a different identity refuses unless
   ``force``. A rerun of a finished shard with the same identity does nothing.
-* Per-row failures go in the ``error`` column; the shard fails only above ``max_error_rate``. A stage
+* Per-row failures go in the ``error`` column (every output has it, added when the input has none);
+  the shard fails only above ``max_error_rate``. A stage
   marks its own failures with :class:`~stepkit.errors.RowError`; a plain-string error is an earlier
   stage's, passed through, and never counts here.
 
