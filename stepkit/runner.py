@@ -11,14 +11,16 @@ Contract (``docs/architecture.md``, "The runner contract"):
   ``<out>.parts/part-00007.parquet`` (temp file + rename) with its counters in ``part-00007.json`` and
   its side-output rows in ``<name>-00007.parquet``, written first: the main part's ``.parquet`` existing
   is what marks the chunk committed. A killed run, started again with the same command, skips
-  committed chunks and redoes at most the chunk that was in flight.
+  committed chunks and redoes at most the chunk that was in flight. Parts deleted during a run are
+  redone in that run.
 * When every chunk is committed, the side outputs and then ``<out>`` are written atomically, each with a
   manifest beside it (``<stem>.manifest.json``) and in its Parquet metadata, and the parts folder is
   removed.
 * The configuration identity (stage, input hash, side-input hashes, the stage's config, chunk size) is
   stored in the parts folder and the manifest; a rerun with a different identity refuses unless
   ``force``. A rerun of a finished shard with the same identity does nothing.
-* Per-row failures go in the ``error`` column; the shard fails only above ``max_error_rate``. A stage
+* Per-row failures go in the ``error`` column (every output has it, added when the input has none);
+  the shard fails only above ``max_error_rate``. A stage
   marks its own failures with :class:`~stepkit.errors.RowError`; a plain-string error is an earlier
   stage's, passed through, and never counts here.
 
@@ -43,8 +45,16 @@ import pyarrow as pa
 from stepkit import __version__
 from stepkit.errors import ConfigError, InputError, RowError, StepkitError
 from stepkit.options import Config, identity, opt
-from stepkit.schema import check_columns, check_steps, check_values, error_reason
+from stepkit.schema import (
+    check_columns,
+    check_error_column,
+    check_steps,
+    check_values,
+    error_reason,
+    with_error_column,
+)
 from stepkit.shards import (
+    config_diff,
     config_hash,
     file_sha256,
     iter_row_chunks,
@@ -54,6 +64,7 @@ from stepkit.shards import (
     open_parquet,
     output_path,
     read_manifest,
+    resolve_path,
     rows_to_table,
     select_shards,
     write_json,
@@ -117,7 +128,9 @@ class Stage:
         return identity(self.cfg) if self.cfg is not None else {}
 
     def output_schema(self, input_schema: pa.Schema) -> pa.Schema:
-        """The explicit schema of the output rows (input columns plus the stage's own)."""
+        """The explicit schema of the output rows (input columns plus the stage's own). The runner adds
+        the ``error`` column when it is missing (:func:`stepkit.schema.with_error_column`), so a row error
+        is never dropped, whatever shard the input came from."""
         return input_schema
 
     def side_outputs(self) -> dict[str, SideOutput]:
@@ -296,15 +309,8 @@ def _describe_change(old: dict, new: dict) -> str:
         return f"side outputs {old.get('side_outputs') or []} -> {new.get('side_outputs') or []}"
     if old.get("chunk_size") != new.get("chunk_size"):
         return f"chunk size {old.get('chunk_size')} -> {new.get('chunk_size')}"
-    diffs = _diff(old.get("config", {}), new.get("config", {}))
+    diffs = config_diff(old.get("config", {}), new.get("config", {}))
     return "changed: " + ", ".join(f"{k} {a!r} -> {b!r}" for k, a, b in diffs[:3]) if diffs else "configuration changed"
-
-
-def _diff(a: Any, b: Any, path: str = "") -> list[tuple[str, Any, Any]]:
-    """The leaves that differ between two config documents, as ``(dotted key, old, new)``."""
-    if isinstance(a, dict) and isinstance(b, dict):
-        return [d for k in sorted(set(a) | set(b)) for d in _diff(a.get(k), b.get(k), f"{path}.{k}" if path else k)]
-    return [] if a == b else [(path, a, b)]
 
 
 def plan_run(stage: Stage, in_path: str | os.PathLike, out_path: str | os.PathLike, opts: RunOptions) -> list[ShardPlan]:
@@ -319,17 +325,18 @@ def plan_run(stage: Stage, in_path: str | os.PathLike, out_path: str | os.PathLi
     chunk_size = opts.chunk_size or stage.default_chunk_size
     if in_path.is_dir() and out_path.suffix == ".parquet":
         raise ConfigError(f"{out_path}: IN {in_path} is a folder of shards, so OUT must be a folder too")
-    if out_path.resolve() == in_path.resolve():
+    if resolve_path(out_path) == resolve_path(in_path):
         raise ConfigError(f"{out_path}: OUT is the same as IN; write the output somewhere else")
     sides_out = stage.side_outputs()
     sides_in = {name: (side, _load_side_input(name, side)) for name, side in stage.side_inputs().items()}
     side_hashes = {name: [file_sha256(p) for p in paths] for name, (side, (paths, _)) in sides_in.items()}
-    read_only = {p.resolve() for _, (paths, _) in sides_in.values() for p in paths}  # never written
+    read_only = {resolve_path(p) for _, (paths, _) in sides_in.values() for p in paths}  # never written
     plans = []
     for shard in select_shards(list_shards(in_path), opts.rank, opts.world_size):
         pf = open_parquet(shard)
         schema = pf.schema_arrow
         check_columns(schema, stage.required_columns, shard)
+        check_error_column(schema, shard)
         stage.check_schema(schema, shard)
         join_cols = [side.on or side.key for side, _ in sides_in.values()]
         extra = [c for c in (*stage.optional_columns, "error") if c in schema.names]
@@ -345,18 +352,18 @@ def plan_run(stage: Stage, in_path: str | os.PathLike, out_path: str | os.PathLi
             for first, rows in iter_row_chunks(shard, 1024, columns=[stage.group_by]):
                 groups.feed(rows, first)
         out = output_path(shard, in_path, out_path)
-        if out.resolve() in read_only:
+        if resolve_path(out) in read_only:
             raise ConfigError(f"{out}: OUT is a side input of this run; write the output somewhere else")
         _check_writable(out, shard)
         side_paths = {}
-        own_files = {manifest_path(out).resolve(), _parts_dir(out).resolve()}
+        own_files = {resolve_path(manifest_path(out)), resolve_path(_parts_dir(out))}
         for name, side in sides_out.items():
             p = output_path(shard, in_path, Path(side.path))
-            taken = {out.resolve(), shard.resolve(), *read_only, *(q.resolve() for q in side_paths.values())}
-            if p.resolve() in taken:
+            taken = {resolve_path(out), resolve_path(shard), *read_only, *(resolve_path(q) for q in side_paths.values())}
+            if resolve_path(p) in taken:
                 raise ConfigError(f"{p}: the {name} output would overwrite IN, OUT, a side input or another "
                                   "output; give it its own path")
-            if own_files & {p.resolve(), manifest_path(p).resolve(), *p.resolve().parents}:
+            if own_files & {resolve_path(p), resolve_path(manifest_path(p)), *resolve_path(p).parents}:
                 raise ConfigError(f"{p}: the {name} output would go into OUT's own files (its manifest or parts "
                                   "folder); give it its own path")
             _check_writable(p, shard)
@@ -404,6 +411,11 @@ def _check_existing(plan: ShardPlan, force: bool) -> None:
             old = json.loads(run_file.read_text()) if run_file.exists() else {}
         except (OSError, ValueError):
             old = {}
+        if not old.get("config_hash"):  # no (readable) run.json: its parts' configuration is unknown
+            if any(_parts_dir(out).glob("*.parquet")):
+                raise ConfigError(f"{_parts_dir(out)}: partial run without a readable run.json, so the configuration "
+                                  "of its parts is unknown; use --force to discard it")
+            return  # nothing committed (e.g. a kill right after the folder was made): start afresh in it
         if old.get("config_hash") != ident["config_hash"]:
             raise ConfigError(f"{_parts_dir(out)}: partial run from a different configuration "
                               f"({_describe_change(old, ident)}); use --force to discard it")
@@ -525,7 +537,7 @@ def run_stage(stage: Stage, in_path: str | os.PathLike, out_path: str | os.PathL
 
 def _check_writable(out: Path, shard: Path) -> None:
     """Fail before any model is loaded when ``out`` cannot be written or would overwrite the input."""
-    if out.resolve() == shard.resolve():
+    if resolve_path(out) == resolve_path(shard):
         raise ConfigError(f"{out}: OUT is the same file as IN; write the output somewhere else")
     if out.is_dir():
         raise ConfigError(f"{out}: is a folder, expected a .parquet file path")
@@ -545,7 +557,10 @@ def _check_writable(out: Path, shard: Path) -> None:
 
 
 class _OutputLock:
-    """An exclusive lock on one output, so two runs never write the same OUT at once."""
+    """An exclusive lock on one output, so two runs never write the same OUT at once.
+
+    The lock file holds the holder's pid. It is opened without truncating, so a run that is refused
+    leaves the holder's pid in place (and names it)."""
 
     def __init__(self, out: Path):
         self.path = out.with_name(f".{out.name}.lock")
@@ -553,23 +568,34 @@ class _OutputLock:
     def __enter__(self):
         import fcntl
 
-        try:
-            self.f = open(self.path, "w")
-        except OSError as e:
-            raise ConfigError(f"{self.path.parent}: cannot write there ({e.strerror or e})") from None
-        try:
-            fcntl.flock(self.f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            self.f.close()
-            raise ConfigError(f"{self.path.name[1:-5]}: another stepkit run is writing this output "
-                              f"(lock {self.path}); wait for it or stop it") from None
-        self.f.write(str(os.getpid()))
-        self.f.flush()
+        while True:
+            try:
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            except OSError as e:
+                raise ConfigError(f"{self.path.parent}: cannot write there ({e.strerror or e})") from None
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.read(fd, 32).decode(errors="replace").strip()
+                os.close(fd)
+                raise ConfigError(f"{self.path.name[1:-5]}: another stepkit run is writing this output ("
+                                  f"{f'pid {holder}, ' if holder else ''}lock {self.path}); wait for it or stop it"
+                                  ) from None
+            try:  # the holder may have removed the file between our open and our lock: lock the one there
+                st, now = os.fstat(fd), os.stat(self.path)
+                if (st.st_dev, st.st_ino) == (now.st_dev, now.st_ino):
+                    break
+            except FileNotFoundError:
+                pass
+            os.close(fd)
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())
+        self.fd = fd
         return self
 
     def __exit__(self, *exc):
         self.path.unlink(missing_ok=True)
-        self.f.close()
+        os.close(self.fd)
 
 
 def _parts_dir(out: Path) -> Path:
@@ -577,12 +603,59 @@ def _parts_dir(out: Path) -> Path:
 
 
 def _log(parts: Path, **event) -> None:
+    parts.mkdir(parents=True, exist_ok=True)  # a user may have deleted it mid-run
     with open(parts / "log.jsonl", "a") as f:
         f.write(json.dumps({"time": time.time(), "pid": os.getpid(), **event}) + "\n")
 
 
 def _part(parts: Path, i: int, kind: str = "part", suffix: str = "parquet") -> Path:
     return parts / f"{kind}-{i:05d}.{suffix}"
+
+
+def _ensure_parts(parts: Path, ident: dict[str, Any]) -> None:
+    """The parts folder with its ``run.json`` (the identity), created again if it was deleted mid-run."""
+    if not (parts / "run.json").exists():
+        parts.mkdir(parents=True, exist_ok=True)
+        write_json(parts / "run.json", ident)
+
+
+def _committed(parts: Path, i: int, side_names) -> bool:
+    """Chunk ``i`` is committed: its rows, its counters and its side tables are all there."""
+    return all(p.exists() for p in (_part(parts, i), _part(parts, i, suffix="json"),
+                                    *(_part(parts, i, name) for name in side_names)))
+
+
+def _uncommitted_chunks(shard: Path, bounds: list[tuple[int, int]], parts: Path, side_names, committed: set[int],
+                        resumed: set[int]):
+    """``(i, rows)`` of each chunk not in ``committed``; then again for any chunk whose committed parts
+    disappeared during the pass (``OUT.parts`` or OUT's folder deleted mid-run), which are so redone.
+    Chunks redone leave ``resumed``. A third pass is refused: something keeps deleting the parts."""
+    todo = set(range(len(bounds))) - committed
+    for attempt in range(3):
+        if not todo:
+            return
+        if attempt == 2:
+            raise StepkitError(f"{parts}: committed parts of chunks {sorted(todo)[:5]} disappeared twice during "
+                               "this run; is something deleting this folder? Run the command again when it stops")
+        if attempt:
+            _log(parts, event="redo", chunks=sorted(todo))
+            resumed -= todo
+        for i, rows in enumerate(iter_row_ranges(shard, bounds)):
+            if i in todo:
+                yield i, rows
+        todo = {i for i in range(len(bounds)) if not _committed(parts, i, side_names)}
+
+
+def _read_part(path: Path):
+    """A committed part for the final gather: its rows (``.parquet``) or counters (``.json``); one clear
+    line when it disappeared since it was checked."""
+    try:
+        return json.loads(path.read_text()) if path.suffix == ".json" else open_parquet(path).read()
+    except (FileNotFoundError, InputError):
+        if path.exists():
+            raise
+        raise StepkitError(f"{path}: a committed part disappeared while the shard was gathered; run the same "
+                           "command again (committed chunks are kept, missing ones redone)") from None
 
 
 def _attribute_errors(stage: Stage, before: list, out_rows: list[dict]) -> tuple[int, int, dict[str, int]]:
@@ -636,15 +709,15 @@ def _run_shard(stage: Stage, plan: ShardPlan, opts: RunOptions, console) -> Shar
         _check_existing(plan, False)
         if plan.status == "up to date":  # another run finished it meanwhile
             return ShardResult(shard, out, "up to date", rows=plan.done_rows)
-    parts.mkdir(parents=True, exist_ok=True)
-    write_json(parts / "run.json", ident)
+    _ensure_parts(parts, ident)
 
-    out_schema = stage.output_schema(plan.schema)
+    out_schema = with_error_column(stage.output_schema(plan.schema))  # every stage's output has `error`
     side_schemas = {name: out_schema if s.schema is None else s.schema for name, s in stage.side_outputs().items()}
     side_tables = _load_side_tables(stage, plan)
     bounds = plan.chunks  # decided by plan_run (whole group_by runs per chunk)
     n_chunks = len(bounds)
-    committed = {i for i in range(n_chunks) if _part(parts, i).exists()}
+    committed = {i for i in range(n_chunks) if _committed(parts, i, side_schemas)}
+    resumed = set(committed)  # committed by an earlier run and not redone in this one
     result = ShardResult(shard, out, "done", chunks=n_chunks, resumed_chunks=len(committed))
     _log(parts, event="start", committed=sorted(committed), chunks=n_chunks)
 
@@ -652,9 +725,7 @@ def _run_shard(stage: Stage, plan: ShardPlan, opts: RunOptions, console) -> Shar
     tokens0 = stage.tokens_generated()
     with _Progress(opts.progress, console, f"{stage.name} {shard.name}", n_rows) as bar:
         bar.advance(sum(bounds[i][1] - bounds[i][0] for i in committed), 0)
-        for i, rows in enumerate(iter_row_ranges(shard, bounds)):
-            if i in committed:
-                continue
+        for i, rows in _uncommitted_chunks(shard, bounds, parts, side_schemas, committed, resumed):
             _log(parts, event="chunk_start", chunk=i)
             for name, (side, table) in side_tables.items():
                 col = side.on or side.key
@@ -674,6 +745,7 @@ def _run_shard(stage: Stage, plan: ShardPlan, opts: RunOptions, console) -> Shar
                       for name, schema in side_schemas.items()}
             main = _stage_table(stage, out_rows, out_schema, "its output")
             # Side tables and counters first, rows last: the main part's .parquet marks the chunk committed.
+            _ensure_parts(parts, ident)  # (deleted meanwhile? then run.json comes back with the part)
             for name, table in tables.items():
                 write_table(_part(parts, i, name), table)
             write_json(_part(parts, i, suffix="json"), {"rows": len(out_rows), "counters": counters,
@@ -681,7 +753,7 @@ def _run_shard(stage: Stage, plan: ShardPlan, opts: RunOptions, console) -> Shar
             write_table(_part(parts, i), main)
             _log(parts, event="chunk_commit", chunk=i, rows=len(out_rows))
             bar.advance(len(rows), stage.tokens_generated() - tokens0)
-    result.seconds = time.time() - t0
+    result.seconds, result.resumed_chunks = time.time() - t0, len(resumed)
     result.tokens = stage.tokens_generated() - tokens0
 
     # Totals over all parts, including those committed by an earlier (killed) run.
@@ -689,12 +761,12 @@ def _run_shard(stage: Stage, plan: ShardPlan, opts: RunOptions, console) -> Shar
     reasons: dict[str, int] = {}  # this stage's errors only; upstream ones are counted in upstream_errors
     tables = []
     for i in range(n_chunks):
-        meta = json.loads(_part(parts, i, suffix="json").read_text())
+        meta = _read_part(_part(parts, i, suffix="json"))
         for k, v in meta["counters"].items():
             totals[k] = totals.get(k, 0) + v
         for k, v in meta.get("error_reasons", {}).items():
             reasons[k] = reasons.get(k, 0) + v
-        tables.append(open_parquet(_part(parts, i)).read())
+        tables.append(_read_part(_part(parts, i)))
     table = pa.concat_tables(tables) if tables else rows_to_table([], out_schema)
     result.rows, result.errors, result.counters = table.num_rows, totals.get("errors", 0), totals
     if result.rows and result.errors / result.rows > opts.max_error_rate:
@@ -722,7 +794,7 @@ def _run_shard(stage: Stage, plan: ShardPlan, opts: RunOptions, console) -> Shar
     if side_schemas:  # side outputs first: OUT appearing is what marks the shard finished
         manifest["side_outputs"] = {}
         for name, schema in side_schemas.items():
-            parts_of = [open_parquet(_part(parts, i, name)).read() for i in range(n_chunks)]
+            parts_of = [_read_part(_part(parts, i, name)) for i in range(n_chunks)]
             side_table = pa.concat_tables(parts_of) if parts_of else rows_to_table([], schema)
             path = plan.side_outputs[name]
             side_manifest = {**manifest, "side_output": name, "side_output_of": str(out),
@@ -734,7 +806,7 @@ def _run_shard(stage: Stage, plan: ShardPlan, opts: RunOptions, console) -> Shar
     # and a kill between the two leaves the parts to finish from.
     write_json(manifest_path(out), manifest)
     write_table(out, table, metadata=manifest)
-    shutil.rmtree(parts)
+    shutil.rmtree(parts, ignore_errors=True)
     return result
 
 

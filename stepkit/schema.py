@@ -158,6 +158,25 @@ def extend_schema(base: pa.Schema, fields: list[pa.Field]) -> pa.Schema:
     return pa.schema(out, metadata=base.metadata)
 
 
+ERROR_FIELD = pa.field("error", pa.string())
+"""The ``error`` column every stage's output carries (``"<stage>: <reason>[: detail]"``, null when fine)."""
+
+
+def with_error_column(schema: pa.Schema) -> pa.Schema:
+    """``schema`` with the :data:`ERROR_FIELD` every stage writes: appended when the input has no
+    ``error`` column (a shard from another tool), typed string when the input's is all-null (``null``)."""
+    i = schema.get_field_index("error")
+    if i < 0:
+        return schema.append(ERROR_FIELD)
+    return schema.set(i, ERROR_FIELD) if pa.types.is_null(schema.field(i).type) else schema
+
+
+def check_error_column(schema: pa.Schema, path) -> None:
+    """Raise :class:`InputError` when the shard has an ``error`` column that cannot hold error strings."""
+    if "error" in schema.names and not _stringish(schema.field("error").type):
+        raise InputError(path, f"expected type string, found {schema.field('error').type}", column="error")
+
+
 def check_columns(schema: pa.Schema, required: tuple[str, ...] | list[str], path) -> None:
     """Raise :class:`InputError` naming the first required column missing from ``schema``.
 

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -26,11 +27,24 @@ ROW_GROUP_BYTES = 64 * 1024 * 1024
 """Upper bound on the uncompressed bytes of one row group (a row group holds at least one row)."""
 
 
+def resolve_path(path: str | os.PathLike) -> Path:
+    """``Path(path).resolve()``, with a symlink loop as one clear :class:`InputError` (pathlib raises
+    ``RuntimeError`` or ``OSError`` for it)."""
+    p = Path(path)
+    try:
+        return p.resolve()
+    except (RuntimeError, OSError) as e:
+        if isinstance(e, OSError) and e.errno not in (errno.ELOOP, None):
+            raise InputError(p, f"cannot be resolved ({e.strerror or e})") from None
+        raise InputError(p, "is a symlink loop (a link that points back to itself)") from None
+
+
 def list_shards(path: str | os.PathLike) -> list[Path]:
     """The Parquet files named by ``path``: the file itself, or the sorted ``*.parquet`` of a folder.
 
     Raises:
-        InputError: the path does not exist, or a folder holds no ``.parquet`` file.
+        InputError: the path does not exist (or is a symlink loop or a broken link), or a folder holds
+            no ``.parquet`` file.
     """
     p = Path(path)
     if p.is_dir():
@@ -39,6 +53,9 @@ def list_shards(path: str | os.PathLike) -> list[Path]:
             raise InputError(p, "folder holds no .parquet shards")
         return shards
     if not p.exists():
+        if p.is_symlink():
+            resolve_path(p)  # a loop raises here
+            raise InputError(p, f"is a broken symlink (to {os.readlink(p)}, which does not exist)")
         raise InputError(p, "no such file or folder")
     return [p]
 
@@ -223,3 +240,53 @@ def file_sha256(path: Path) -> str:
 def config_hash(doc: Any) -> str:
     """Short stable hash of a JSON-able document (configuration identity, prompt-template hash)."""
     return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def config_diff(a: Any, b: Any, path: str = "") -> list[tuple[str, Any, Any]]:
+    """The leaves that differ between two config documents, as ``(dotted key, old, new)``."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return [d for k in sorted(set(a) | set(b)) for d in config_diff(a.get(k), b.get(k), f"{path}.{k}" if path else k)]
+    return [] if a == b else [(path, a, b)]
+
+
+def run_settings(manifest: dict[str, Any]) -> dict[str, Any]:
+    """The settings a shard was made with, by stage down its lineage (its own stage, then its input's
+    manifest, ...): each runner stage's config, chunk size, side outputs and side-input hashes.
+
+    Facts that differ per shard by design (input hash, paths, counts, timings, rank) are left out, and
+    so are stages without a runner identity (ingest: one shard per source file or slice). A stage that
+    occurs twice in the lineage is keyed ``stage#2``."""
+    doc: dict[str, Any] = {}
+    m, depth = manifest, 0
+    while isinstance(m, dict) and depth < 100:
+        ident = m.get("identity")
+        if isinstance(ident, dict) and "config_hash" in ident:
+            stage = str(m.get("stage"))
+            key = stage if stage not in doc else f"{stage}#{sum(k.split('#')[0] == stage for k in doc) + 1}"
+            doc[key] = {"config": m.get("config"), "chunk_size": ident.get("chunk_size"),
+                        **{k: ident[k] for k in ("side_outputs", "side_inputs_sha256") if k in ident}}
+        m, depth = (m.get("input") or {}).get("manifest"), depth + 1
+    return doc
+
+
+def mixed_configuration(shards: list[Path]) -> str | None:
+    """None when the shards of a folder were all made with the same settings (:func:`run_settings`),
+    else one line naming two shards that differ and the first setting where they do.
+
+    Every shard's ``identity.config_hash`` differs (it covers the shard's own input hash), so the
+    settings are compared, not the hashes. Shards without a runner manifest are not compared."""
+    first: tuple[Path, dict] | None = None
+    for p in shards:
+        doc = run_settings(read_manifest(p) or {})
+        if not doc:
+            continue
+        if first is None:
+            first = (p, doc)
+            continue
+        diffs = config_diff(first[1], doc)
+        if diffs:
+            key, a, b = diffs[0]
+            more = f"; {len(diffs) - 1} more setting(s) differ" if len(diffs) > 1 else ""
+            return (f"{first[0].name} and {p.name} were made with different settings ({key}: {a!r:.60} vs "
+                    f"{b!r:.60}{more}), so figures over this folder mix configurations")
+    return None

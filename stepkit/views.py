@@ -18,7 +18,7 @@ from rich.text import Text
 
 from stepkit.errors import InputError
 from stepkit.schema import error_reason
-from stepkit.shards import list_shards, read_manifest, read_rows
+from stepkit.shards import list_shards, mixed_configuration, read_manifest, read_rows
 
 
 @dataclass(frozen=True)
@@ -70,7 +70,9 @@ def print_stats(shard, views: list[StageView] = (), console: Console | None = No
 
     Figures: rows, steps (total, mean, max), outcome accuracy (of rows with an outcome), rows with no
     final answer, errors by reason; then each stage's own figures from ``views`` (for the rows that
-    stage wrote), e.g. mc-label's value by step position and first-error histogram.
+    stage wrote), e.g. mc-label's value by step position and first-error histogram. A folder whose
+    shards were made with different settings gets a warning line naming two of them and the setting
+    (:func:`~stepkit.shards.mixed_configuration`; also ``figs["mixed_configuration"]``).
     """
     console = console or make_console()
     rows = _load(shard)
@@ -117,6 +119,10 @@ def print_stats(shard, views: list[StageView] = (), console: Console | None = No
             eng = cfg.get("engine") if isinstance(cfg.get("engine"), dict) else {}
             console.print(Text(f"{p.name}: stage {m.get('stage')}, stepkit {m.get('stepkit_version')}, "
                                f"engine {eng.get('name', '-')}, model {eng.get('model', '-')}", style="dim"))
+    mixed = mixed_configuration(shards)
+    if mixed:
+        figs["mixed_configuration"] = mixed
+        console.print(Text(f"warning: {shard}: {mixed}", style="yellow"), soft_wrap=True)
     return figs
 
 

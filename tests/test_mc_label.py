@@ -9,6 +9,7 @@ import pytest
 
 from stepkit.engines.base import EngineSpec, SamplingConfig
 from stepkit.engines.scripted import KnownValuePolicy, ScriptedEngine
+from stepkit.grading.verdicts import labels_from_first_error
 from stepkit.stages.mc_label import FirstErrorSearch, MCLabelConfig, MCLabelStage, PrefixEstimate, label_row
 
 RIGHT, WRONG = "So that is it.\nThe answer is 18.", "So that is it.\nThe answer is 17."
@@ -188,3 +189,29 @@ def test_unusable_reference_is_a_row_error_before_generation(checker):
     assert out[1]["error"].startswith("mc-label: unusable reference_answer:")
     assert out[0]["error"] is None and out[0]["mc_status"] == "ok"
     assert all("Problem bad:" not in r.prompt for r in engine.calls)  # nothing generated for it
+
+
+# --- hardening: binary label inference is linear in the number of steps (D23) ---------------------------
+
+def test_binary_labels_are_inferred_once_per_row_on_a_long_solution(checker, monkeypatch):
+    """20,001 steps, first zero after step 12,344: the search finds it and the labels of every unestimated
+    step are inferred. The counter is what reveals the complexity (no timing): the M-long list of inferred
+    labels is built once per row, where the quadratic version built it once per unestimated step (M * M)."""
+    import stepkit.stages.mc_label as mc
+
+    built = []
+
+    def counting(first_error, n_steps):
+        built.append(n_steps)
+        return labels_from_first_error(first_error, n_steps)
+
+    monkeypatch.setattr(mc, "labels_from_first_error", counting)
+    n, first_zero = 20_001, 12_345
+    stage, engine = stage_for({i: (0.5 if i < first_zero else 0.0) for i in range(n)}, k=2, mode="binary",
+                              checker=checker)
+    (row,), counters = stage.process([make_row(n, False)])
+    assert row["mc_status"] == "ok" and row["mc_first_error"] == first_zero - 1
+    assert row["mc_label"] == [True] * (first_zero - 1) + [False] * (n - first_zero + 1)
+    probes = len(engine.calls) - 1  # besides v_0
+    assert probes <= math.ceil(math.log2(n)) and sum(row["mc_estimated"]) == probes + 1
+    assert sum(built) <= n, f"built {sum(built)} inferred labels for {n} steps"

@@ -89,20 +89,60 @@ def run(stage, inp, out, kw: dict, title: str, shown=None) -> None:
 
 
 def check_json_path(ctx, param, value):
-    """--json must name a .json file, so a report can never overwrite a shard."""
+    """--json must name a .json file that is none of a shard's own files (:func:`check_report_path`)."""
     if value is not None and not value.endswith(".json"):
         raise click.BadParameter(f"{value}: the report file must end in .json")
+    if value is not None:
+        check_report_path(value)
     return value
 
 
+def check_report_path(path) -> None:
+    """Refuse a report path that would write over a shard's own files: a Parquet shard, the manifest
+    of an existing shard (``x.manifest.json`` beside ``x.parquet``, or any stepkit manifest), or a file
+    in a run's ``.parts`` folder (``part-NNNNN.json``, ``run.json``).
+
+    Raises:
+        StepkitError: one line naming the path and whose file it is.
+    """
+    import json
+    from pathlib import Path
+
+    from stepkit.errors import StepkitError
+    from stepkit.shards import resolve_path
+
+    p = Path(path)
+    real = resolve_path(p)
+    parts = next((d for d in (real, *real.parents) if d.name.endswith(".parquet.parts")), None)
+    if parts is not None:
+        raise StepkitError(f"{p}: is inside the parts folder {parts} of a run; write the report elsewhere")
+    for q in (p, real):
+        shard = q.with_name(q.name.removesuffix(".manifest.json") + ".parquet")
+        if q.name.endswith(".manifest.json") and shard.exists():
+            raise StepkitError(f"{p}: is the manifest of the shard {shard}; write the report elsewhere")
+    if real.is_file():
+        try:
+            with open(real, "rb") as f:
+                head = f.read(4)
+            doc = json.loads(real.read_text()) if head != b"PAR1" and real.stat().st_size < 1 << 24 else None
+        except (OSError, ValueError):
+            doc = None
+        if head == b"PAR1":
+            raise StepkitError(f"{p}: is a Parquet shard; write the report elsewhere")
+        if isinstance(doc, dict) and "stage" in doc and "stepkit_version" in doc:
+            raise StepkitError(f"{p}: is the manifest of a {doc['stage']} shard; write the report elsewhere")
+
+
 def write_json_report(path, doc) -> None:
-    """Write a report; one clear line when the path cannot be written."""
+    """Write a report (refusing a shard's own files, :func:`check_report_path`); one clear line when the
+    path cannot be written."""
     from pathlib import Path
 
     from stepkit.errors import StepkitError
     from stepkit.shards import write_json
 
     p = Path(path)
+    check_report_path(p)
     try:
         p.parent.mkdir(parents=True, exist_ok=True)
         write_json(p, doc)

@@ -7,6 +7,20 @@ import click
 from stepkit.cli.common import check_json_path, write_json_report
 
 
+def warn_mixed_configuration(shard, report: dict, console) -> None:
+    """Warn (one line) when the folder's shards were made with different settings, and record it in
+    the report (:func:`stepkit.shards.mixed_configuration`): the scores are computed, but they mix
+    configurations."""
+    from rich.text import Text
+
+    from stepkit.shards import list_shards, mixed_configuration
+
+    mixed = mixed_configuration(list_shards(shard))
+    if mixed:
+        report["mixed_configuration"] = mixed
+        console.print(Text(f"warning: {shard}: {mixed}", style="yellow"), soft_wrap=True)
+
+
 @click.group("eval")
 def command():
     """Score step labels: ProcessBench F1 against human labels, agreement of two labelers."""
@@ -29,7 +43,9 @@ def eval_processbench(shard, pred, gold, json_out):
     from stepkit.views import make_console
 
     report = processbench_report(shard, pred, gold)
-    print_processbench(report, make_console())
+    console = make_console()
+    print_processbench(report, console)
+    warn_mixed_configuration(shard, report, console)
     if json_out:
         write_json_report(json_out, report)
 
@@ -47,7 +63,9 @@ def eval_agreement(shard, col_a, col_b, cap, json_out):
     from stepkit.views import make_console
 
     report = agreement_report(shard, col_a, col_b, cap)
-    print_agreement(report, make_console())
+    console = make_console()
+    print_agreement(report, console)
+    warn_mixed_configuration(shard, report, console)
     if json_out:
         write_json_report(json_out, report)
 

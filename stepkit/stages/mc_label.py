@@ -129,14 +129,9 @@ def label_row(n_steps: int, outcome_correct: bool, est: dict[int, PrefixEstimate
             values.append(v)
             estimated.append(v is not None)
     first_error = next((s for s in range(n_steps) if estimated[s] and values[s] == 0), -1)
-    labels: list[bool | None] = []
-    for s in range(n_steps):
-        if estimated[s]:
-            labels.append(values[s] > 0)
-        elif mode == "binary":
-            labels.append(labels_from_first_error(first_error, n_steps)[s])  # inferred from the search
-        else:
-            labels.append(None)
+    # Binary mode infers the unestimated labels from the search, computed once per row (linear in M).
+    inferred = labels_from_first_error(first_error, n_steps) if mode == "binary" else [None] * n_steps
+    labels: list[bool | None] = [values[s] > 0 if estimated[s] else inferred[s] for s in range(n_steps)]
     start = est[0].value if 0 in est else None
     prev = [start] + values[:-1]
     progress = [None if (a is None or b is None) else b - a for a, b in zip(prev, values)]
