@@ -245,6 +245,9 @@ def _finite_float(lo, hi, lo_open):
     class FiniteFloatRange(click.FloatRange):
         name = "float"
 
+        def _describe_range(self) -> str:
+            return super()._describe_range() if (lo is not None or hi is not None) else "finite"
+
         def convert(self, value, param, ctx):
             v = super().convert(value, param, ctx)
             if not math.isfinite(v):

@@ -196,11 +196,12 @@ def test_case_empty_and_null_lists_keep_their_types(tmp_path):
     rows = labelled(4)
     for i, r in enumerate(rows):
         r["problem_id"] = f"p{i}"
-    # hard labels from a bool column: soft_labels is null on every row, still typed List(float32) in every file
-    m = export(write(tmp_path / "in.parquet", rows), tmp_path / "out", ExportConfig(labels="mc_label", test_size=1))
+    # every file of every split is written with one explicit schema (a one-row test file included)
+    m = export(write(tmp_path / "in.parquet", rows), tmp_path / "out", ExportConfig(labels="mc_value", test_size=1))
     schemas = {f: pq.read_schema(tmp_path / "out" / f) for s in m["splits"].values() for f in s["files"]}
     assert len(schemas) == 2 and len({s.remove_metadata().to_string() for s in schemas.values()}) == 1
-    assert all(s.field("soft_labels").type == pa.list_(pa.float32()) for s in schemas.values())
+    assert all(s.field("soft_labels").type == pa.list_(pa.float32()) and s.field("labels").type == pa.list_(pa.bool_())
+               for s in schemas.values())
     run_cli("publish", tmp_path / "out", "--dry-run")
     ds = datasets.load_dataset(str(tmp_path / "out"), cache_dir=str(tmp_path / "cache"))
     assert {s: d.num_rows for s, d in ds.items()} == {"train": 3, "test": 1}

@@ -146,8 +146,8 @@ def test_prof_needs_remove_and_unscored_rows_are_unlabelled(tmp_path):
         FilterConfig(rule=("prof:mc_value",), flag_only=True)
     rows = prof_rows([("p", True, [1.0, 1.0]), ("p", None, [1.0, 1.0]), ("p", False, [None, None])])
     _, dropped, _ = run_filter(tmp_path, write(tmp_path, rows), "prof:mc_value", remove=1)
-    # the unscored rows are unlabelled; --remove 1 then takes the one scored row
-    assert {r["id"]: r["filter_reason"] for r in dropped} == {"p:0": "prof", "p:1": "unlabelled", "p:2": "unlabelled"}
+    # the unscored rows are unlabelled; the one scored row stays (a problem keeps at least one row)
+    assert {r["id"]: r["filter_reason"] for r in dropped} == {"p:1": "unlabelled", "p:2": "unlabelled"}
 
 
 def test_values_status_dedupe_steps_no_error_in_order(tmp_path):

@@ -75,6 +75,6 @@ class _LazyGroup(click.Group):
 def main():
     """Build step-labeled datasets for process reward models (PRMs).
 
-    Stages read and write Parquet shards: ingest -> rollout -> mc-label / mcts-label / judge -> eval,
-    stats, show.
+    Stages read and write Parquet shards: ingest -> rollout -> mc-label / mcts-label / judge -> filter ->
+    export -> publish; eval, stats and show read any of them.
     """

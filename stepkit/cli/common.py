@@ -165,6 +165,8 @@ def print_results(results, title: str, shown=None) -> None:
             ("tokens generated (this run)", lambda r: r.tokens),
             ("tokens/s", lambda r: f"{r.tokens / r.seconds:.0f}" if r.seconds > 0 and r.tokens else "-"),
             ("seconds (this run)", lambda r: f"{r.seconds:.1f}")]
+    if not any(r.tokens for r in results):  # a stage with no model (filter), or nothing left to do
+        rows = [row for row in rows if not row[0].startswith("tokens")]
     for k in sorted({k for r in results for k in r.counters if k != "errors" and (shown is None or shown(k))}):
         rows.append((k.replace("_", " "), lambda r, k=k: r.counters.get(k, "")))
     for name, fn in rows:

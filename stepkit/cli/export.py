@@ -32,6 +32,9 @@ def command(inp, out, force, **kw):
 
     cfg = from_params(ExportConfig, kw)
     m = export(inp, out, cfg, force=force)
+    if m.get("status") == "up to date":
+        click.echo(f"export: {out} is up to date (same inputs and options)", err=True)
+        return
     if cfg.format == "trl" and cfg.soft:
         click.echo(SOFT_WARNING, err=True)
     t = Table(title=f"export {cfg.format} -> {out}", show_header=False)
@@ -41,6 +44,9 @@ def command(inp, out, force, **kw):
     c = m["counts"]
     t.add_row("rows in / out", f"{c['rows_in']} / {c['rows_out']}")
     t.add_row("dropped: null labels", str(c["null_labels"]))
+    t.add_row("left out: flagged by filter --flag-only", str(c.get("filtered", 0)))
+    if c.get("pairs_not_preferred"):
+        t.add_row("pairs whose chosen value is not above the rejected", str(c["pairs_not_preferred"]))
     if cfg.format == "trl":
         t.add_row("steps", str(c["steps"]))
         t.add_row("mean soft label" if cfg.soft else "labels true / false",

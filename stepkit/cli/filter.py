@@ -31,7 +31,9 @@ def command(inp, out, **kw):
     """
     from stepkit.stages.filter import FilterStage
 
-    run(FilterStage(from_params(FilterConfig, kw)), inp, out, kw, "filter", shown=_summary_counter)
+    cfg = from_params(FilterConfig, kw)
+    title = "filter (--flag-only: 'dropped' rows stay in OUT, flagged)" if cfg.flag_only else "filter"
+    run(FilterStage(cfg), inp, out, kw, title, shown=_summary_counter)
 
 
 def _summary_counter(name: str) -> bool:

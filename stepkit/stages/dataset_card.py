@@ -23,7 +23,8 @@ import pyarrow.parquet as pq
 from stepkit.errors import ConfigError
 
 TEMPLATE = "prm-dataset.md"
-IMAGES = {"value": "images/value_by_step.png", "first_error": "images/first_error_histogram.png"}
+IMAGES = {"value": "images/value_by_step.png", "first_error": "images/first_error_histogram.png",
+          "margin": "images/pair_margin_histogram.png"}
 LICENSES = {"gsm8k": "mit", "gsm8k-solutions": "mit"}  # from ../shared/data/README.md: GSM8K is MIT
 
 
@@ -79,7 +80,10 @@ def lineage(export_manifest: dict) -> list[dict[str, Any]]:
             key = json.dumps([m.get("stage"), cfg], sort_keys=True, default=str)
             if key not in merged:
                 eng = (m.get("provenance") or {}).get("engine") or {}
+                src = m.get("input") or {}
                 merged[key] = {"stage": m.get("stage"), "stepkit_version": m.get("stepkit_version"), "config": cfg,
+                               "source": {"file": Path(src["path"]).name, "sha256": (src.get("sha256") or "")[:12]}
+                               if m.get("stage") == "ingest" and src.get("path") else None,
                                "engine": {k: eng[k] for k in ("engine", "model", "vllm_version", "device", "base_url",
                                                               "served_model") if eng.get(k) is not None},
                                "counts": Counter(), "shards": 0}
@@ -95,17 +99,15 @@ def lineage(export_manifest: dict) -> list[dict[str, Any]]:
 # ------------------------------------------------------------------------------------------ statistics
 
 def _step_labels(folder: Path, files: list[str], fmt: str) -> list[tuple[list[float], int | None]]:
-    """Per row: (per-step label values as floats, first error or None) from the data files."""
+    """Per row: (per-step labels as floats, first error or None for soft labels) from the data files."""
     rows = []
     for f in files:
         t = pq.read_table(folder / f)
         if fmt == "trl":
-            cols = t.column_names
-            vals = t.column("soft_labels").to_pylist() if "soft_labels" in cols else [None] * t.num_rows
-            for labels, soft in zip(t.column("labels").to_pylist(), vals):
-                v = [float(x) for x in (soft if soft is not None else labels)]
-                first = next((i for i, x in enumerate(labels) if not x), -1) if isinstance(labels[0], bool) else None
-                rows.append((v, first))
+            for labels in t.column("labels").to_pylist():
+                hard = bool(labels) and isinstance(labels[0], bool)
+                first = next((i for i, x in enumerate(labels) if not x), -1) if hard else None
+                rows.append(([float(x) for x in labels], first))
         elif fmt == "math-shepherd":
             for label in t.column("label").to_pylist():
                 tags = [line[-1] for line in label.split("\n") if line.endswith((" +", " -"))]
@@ -118,13 +120,20 @@ def _step_labels(folder: Path, files: list[str], fmt: str) -> list[tuple[list[fl
 
 
 def label_stats(folder: Path, splits: dict[str, list[str]], fmt: str) -> dict[str, Any]:
-    """Rows, steps, mean label, share of rows with an error, mean label by step position and the
-    first-error histogram, over every split."""
-    rows = [r for files in splits.values() for r in _step_labels(folder, files, fmt)]
-    soft = fmt == "trl" and any(
-        pq.read_schema(folder / f).field("labels").type.value_type != "bool" or
-        pq.read_table(folder / f, columns=["soft_labels"]).column(0).null_count < pq.ParquetFile(folder / f).metadata.num_rows
-        for fs in splits.values() for f in fs)
+    """Rows, steps, mean label, rows with an error (None for soft labels), mean label by step position
+    and the first-error histogram over every split; for pairs, the pairs and their value margins."""
+    files = [f for fs in splits.values() for f in fs]
+    if fmt == "pairs":
+        margins = []
+        for f in files:
+            t = pq.read_table(folder / f, columns=["chosen_value", "rejected_value"])
+            margins += [c - r for c, r in zip(t.column(0).to_pylist(), t.column(1).to_pylist())
+                        if c is not None and r is not None]
+        return {"rows": sum(pq.ParquetFile(folder / f).metadata.num_rows for f in files), "steps": None,
+                "mean_label": None, "rows_with_error": None, "value_by_position": {}, "first_error_histogram": {},
+                "margins": margins, "mean_margin": round(sum(margins) / len(margins), 4) if margins else None}
+    rows = [r for f in files for r in _step_labels(folder, [f], fmt)]
+    soft = fmt == "trl" and any(pq.read_schema(folder / f).field("labels").type.value_type != "bool" for f in files)
     by_pos: dict[int, list[float]] = {}
     for v, _ in rows:
         for i, x in enumerate(v):
@@ -135,8 +144,8 @@ def label_stats(folder: Path, splits: dict[str, list[str]], fmt: str) -> dict[st
             "mean_label": round(sum(x for v, _ in rows for x in v) / steps, 4) if steps else None,
             "value_by_position": {i: (round(sum(xs) / len(xs), 4), len(xs)) for i, xs in sorted(by_pos.items())},
             "first_error_histogram": dict(sorted(firsts.items())),
-            "rows_with_error": sum(n for k, n in firsts.items() if k >= 0),
-            "value_label": "mean step value" if soft else "share of steps labelled correct"}
+            "rows_with_error": None if soft else sum(n for k, n in firsts.items() if k >= 0),
+            "value_label": "mean soft label" if soft else "share of steps labelled correct"}
 
 
 def draw_figures(stats: dict[str, Any], folder: Path, title: str) -> list[str]:
@@ -161,7 +170,10 @@ def draw_figures(stats: dict[str, Any], folder: Path, title: str) -> list[str]:
         ax2 = ax.twinx()
         ax2.bar(xs, [pos[i][1] for i in xs], color="#999999", alpha=0.25, width=0.8)
         ax2.set_ylabel("rows with this step", color="#666666")
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        if len(xs) <= 25:
+            ax.set_xticks(xs)
+        else:
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax2.yaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_zorder(ax2.get_zorder() + 1)
         ax.patch.set_visible(False)
@@ -183,6 +195,17 @@ def draw_figures(stats: dict[str, Any], folder: Path, title: str) -> list[str]:
         fig.savefig(folder / IMAGES["first_error"])
         plt.close(fig)
         written.append(IMAGES["first_error"])
+    if stats.get("margins"):
+        fig, ax = plt.subplots(figsize=(7, 3.6), dpi=110)
+        ax.hist(stats["margins"], bins=min(20, max(5, len(stats["margins"]) // 5)), color="#2a6fdb")
+        ax.set_xlabel("chosen value - rejected value")
+        ax.set_ylabel("pairs")
+        ax.set_title(f"{title}: value margin of the preference pairs")
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+        fig.tight_layout()
+        fig.savefig(folder / IMAGES["margin"])
+        plt.close(fig)
+        written.append(IMAGES["margin"])
     return written
 
 
@@ -244,10 +267,24 @@ def render_card(folder: Path, export_manifest: dict, splits: dict[str, list[str]
     card = DatasetCard.from_template(
         card_data, template_path=str(template_path()), repo_id=repo_id, export=export_manifest, fmt=fmt,
         stages=stages, filters=filters, split_rows=split_rows, stats=stats, images=images,
+        human=(export_manifest["config"].get("labels") or "").startswith("reference_"),
         truncated=any(r.startswith(("truncate-after-first-error", "keep-correct-steps"))
                       for s in filters for r in _rules(s)),
     )
     return str(card)
+
+
+def public_lineage(export_manifest: dict) -> dict:
+    """The export manifest as uploaded (``lineage.json``): local paths reduced to file names."""
+    def strip(doc):
+        if isinstance(doc, dict):
+            return {k: (Path(v).name if k in ("path", "model_path") and isinstance(v, str) else strip(v))
+                    for k, v in doc.items()}
+        if isinstance(doc, list):
+            return [strip(v) for v in doc]
+        return doc
+
+    return strip(export_manifest)
 
 
 def _rules(filter_stage: dict) -> list[str]:

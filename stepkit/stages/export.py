@@ -97,16 +97,17 @@ class ExportConfig(Config):
             raise ConfigError(f"--test-size {self.test_size}: a share below 1 or a whole number of problems")
 
 
-def features_for(cfg: ExportConfig):
-    """The ``datasets.Features`` of a format (explicit: never inferred)."""
+def features_for(cfg: ExportConfig, kind: str | None = None):
+    """The ``datasets.Features`` of a format (explicit: never inferred); ``kind`` is the label column's
+    kind (``bool``, ``float``, ``index``): hard labels from values keep the values as ``soft_labels``."""
     from datasets import Features, List, Value
 
     s = Value("string")
     if cfg.format == "trl":
         f = {"id": s, "prompt": s, "completions": List(s),
              "labels": List(Value("float32")) if cfg.soft else List(Value("bool"))}
-        if not cfg.soft:
-            f["soft_labels"] = List(Value("float32"))  # the values hard labels came from (null if none)
+        if kind == "float" and not cfg.soft:
+            f["soft_labels"] = List(Value("float32"))  # the values the hard labels came from
         return Features(f)
     if cfg.format == "math-shepherd":
         return Features({"id": s, "input": s, "label": s, "task": s})
@@ -131,6 +132,8 @@ def _label_kind(schema: pa.Schema, path: Path, col: str) -> str:
     raise InputError(path, f"--labels needs step labels (list<bool>), step values (list<float>) or a first-error "
                            f"index (int), found {t}", column=col)
 
+
+NO_LABELS = {"no_signal", "ungraded", "parse_failure"}  # stage statuses that mean "no labels for this row"
 
 REQUIRED = {"trl": ("id", "prompt", "steps"), "math-shepherd": ("id", "prompt", "steps"),
             "processbench": ("id", "prompt", "steps", "outcome_correct"),
@@ -164,11 +167,16 @@ class Converter:
         self.kind = kind
 
     def labels(self, row: dict, path: Path, i: int) -> tuple[list | None, list | None]:
-        """``(hard labels or soft values, values hard labels came from)``; (None, None) when null."""
+        """``(hard labels or soft values, values hard labels came from)``; (None, None) when null, or when
+        the labelling stage's status says it has no labels for the row (``mc_status = no_signal``: its
+        values are all 0 because nothing succeeded, which says nothing about the steps)."""
         v, n, col = row.get(self.cfg.labels), len(row["steps"]), self.cfg.labels
-        if v is None:
+        status = row.get(col.split("_")[0] + "_status") if "_" in col else None
+        if v is None or status in NO_LABELS:
             return None, None
         if self.kind == "index":
+            if v >= n and row.get("filter_steps_before", n) > n:  # keep-correct-steps cut off the error
+                return [True] * n, None
             if not -1 <= v < n:
                 raise InputError(path, f"first-error index {v} outside -1..{n - 1}", row=i, column=col)
             return labels_from_first_error(v, n), None
@@ -184,7 +192,10 @@ class Converter:
         return (v, None) if self.cfg.soft else ([x > self.cfg.threshold for x in v], v)
 
     def convert(self, row: dict, path: Path, i: int) -> dict | None:
+        """The output record of ``row``; None when its labels are null. A row that ``stepkit filter
+        --flag-only`` flagged never gets here (see :func:`flagged`); one it would cut is cut here."""
         f = self.cfg.format
+        row = _apply_cut(row)
         if f == "pairs":
             prompt = "\n".join([row["prompt"], *(row.get("prefix_steps") or [])])
             return {"id": f"{row.get('node_id') or i}:{row.get('chosen_node_id')}:{row.get('rejected_node_id')}",
@@ -196,7 +207,7 @@ class Converter:
         steps = list(row["steps"])
         if f == "trl":
             rec = {"id": row["id"], "prompt": row["prompt"], "completions": steps, "labels": labels}
-            if not self.cfg.soft:
+            if self.kind == "float" and not self.cfg.soft:
                 rec["soft_labels"] = values
             return rec
         if f == "math-shepherd":
@@ -208,10 +219,30 @@ class Converter:
             return {"id": row["id"], "input": row["prompt"] + " " + "\n".join(s + STEP_TAG for s in steps),
                     "label": row["prompt"] + " " + "\n".join(s + t for s, t in zip(steps, tags)),
                     "task": self.cfg.task or _task(row.get("source"))}
+        if row.get("filter_cut_by"):
+            raise InputError(path, f"steps were cut by filter rule {row['filter_cut_by']!r}: the processbench "
+                                   "format describes whole solutions (its final_answer_correct)", row=i,
+                             column="filter_cut_by")
         if row.get("outcome_correct") is None:
             return None
         return {"id": row["id"], "generator": row.get("generator"), "problem": row["prompt"], "steps": steps,
                 "final_answer_correct": row["outcome_correct"], "label": first_error_of(labels)}
+
+
+def flagged(row: dict) -> bool:
+    """Whether ``stepkit filter --flag-only`` flagged the row as one to drop."""
+    return bool(row.get("filter_reason"))
+
+
+def _apply_cut(row: dict) -> dict:
+    """The row with its per-step columns cut to ``filter_kept_steps`` (set by ``filter --flag-only``)."""
+    k = row.get("filter_kept_steps")
+    if k is None or k >= len(row.get("steps") or []):
+        return row
+    from stepkit.schema import PER_STEP_COLUMNS
+
+    return {**row, **{c: v[:k] for c, v in row.items() if c in PER_STEP_COLUMNS and v is not None},
+            "filter_cut_by": row.get("filter_cut_by") or "(flagged)"}
 
 
 def _task(source: str | None) -> str:
@@ -251,10 +282,19 @@ def export(in_path: str | os.PathLike, out: str | os.PathLike, cfg: ExportConfig
     Raises:
         InputError: a missing or mistyped column, labels that do not match the steps, null labels with
             ``--on-null error`` (naming file, row and column). Nothing is written then.
-        ConfigError: OUT is an input, another kind of folder, or an earlier export without ``force``.
+        ConfigError: OUT is an input, another kind of folder, or an earlier export of other inputs or
+            options without ``force``. The same export of the same inputs returns the existing manifest
+            with ``status: "up to date"``.
     """
     out = Path(out)
     shards = list_shards(in_path)
+    hashes = [file_sha256(p) for p in shards]
+    config = {k: getattr(cfg, k) for k in cfg.__dataclass_fields__}
+    old = read_export_manifest(out) if out.is_dir() else None
+    if old and not force and old.get("config") == json.loads(json.dumps(config)) and \
+            [i.get("sha256") for i in old.get("inputs", [])] == hashes and \
+            all((out / f).is_file() for s in old.get("splits", {}).values() for f in s.get("files", [])):
+        return {**old, "status": "up to date"}
     _check_out(out, shards, force)
     conv = Converter(cfg)
     for p in shards:
@@ -262,7 +302,7 @@ def export(in_path: str | os.PathLike, out: str | os.PathLike, cfg: ExportConfig
     key = "problem_id" if cfg.format == "pairs" or "problem_id" in open_parquet(shards[0]).schema_arrow.names else "id"
     ids = [r.get(key) for p in shards for _, rows in iter_row_chunks(p, 65536, columns=[key]) for r in rows]
     test = _test_problems(ids, cfg)
-    features = features_for(cfg)
+    features = features_for(cfg, conv.kind)
     schema = features.arrow_schema
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -270,7 +310,8 @@ def export(in_path: str | os.PathLike, out: str | os.PathLike, cfg: ExportConfig
     splits = ("train", "test") if cfg.test_size is not None else (cfg.split,)
     buffers: dict[str, list[dict]] = {s: [] for s in splits}
     files: dict[str, list[Path]] = {s: [] for s in splits}
-    counts = {"rows_in": 0, "rows_out": 0, "null_labels": 0, "steps": 0, "labels_true": 0, "labels_false": 0}
+    counts = {"rows_in": 0, "rows_out": 0, "null_labels": 0, "filtered": 0, "steps": 0, "labels_true": 0,
+              "labels_false": 0}
     value_sum = 0.0
 
     def flush(split: str) -> None:
@@ -284,6 +325,9 @@ def export(in_path: str | os.PathLike, out: str | os.PathLike, cfg: ExportConfig
             for first, rows in iter_row_chunks(p, 4096):
                 for j, row in enumerate(rows):
                     counts["rows_in"] += 1
+                    if flagged(row):
+                        counts["filtered"] += 1
+                        continue
                     rec = conv.convert(row, p, first + j)
                     if rec is None:
                         if cfg.on_null == "error":
@@ -295,6 +339,9 @@ def export(in_path: str | os.PathLike, out: str | os.PathLike, cfg: ExportConfig
                     buffers[split].append(rec)
                     counts["rows_out"] += 1
                     labels = rec.get("labels")
+                    if cfg.format == "pairs" and None not in (rec["chosen_value"], rec["rejected_value"]) \
+                            and rec["chosen_value"] <= rec["rejected_value"]:
+                        counts["pairs_not_preferred"] = counts.get("pairs_not_preferred", 0) + 1
                     if cfg.format == "trl":
                         counts["steps"] += len(labels)
                         if cfg.soft:
@@ -306,8 +353,9 @@ def export(in_path: str | os.PathLike, out: str | os.PathLike, cfg: ExportConfig
                         flush(split)
         for s in splits:
             if not buffers[s] and not files[s]:  # datasets cannot load a split with no rows
-                raise StepkitError(f"{in_path}: the {s} split would have no rows ({counts['null_labels']} of "
-                                   f"{counts['rows_in']} rows had null labels); nothing written")
+                raise StepkitError(f"{in_path}: the {s} split would have no rows (input rows: {counts['rows_in']}, "
+                                   f"null labels: {counts['null_labels']}, flagged by filter: "
+                                   f"{counts['filtered']}); nothing written")
             if buffers[s]:
                 flush(s)
         data_files = {}
@@ -324,11 +372,11 @@ def export(in_path: str | os.PathLike, out: str | os.PathLike, cfg: ExportConfig
         manifest = {
             "stage": "export", "stepkit_version": __version__,
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "config": {k: getattr(cfg, k) for k in cfg.__dataclass_fields__},
+            "config": config,
             "label_rule": _label_rule(cfg, conv.kind),
             "splits": {s: {"rows": split_rows[s], "files": data_files[s]} for s in splits},
             "counts": counts, "features": features.to_dict(),
-            "inputs": [{"path": str(p), "sha256": file_sha256(p), "manifest": read_manifest(p)} for p in shards],
+            "inputs": [{"path": str(p), "sha256": h, "manifest": read_manifest(p)} for p, h in zip(shards, hashes)],
         }
         write_json(tmp / MANIFEST, manifest)
     except BaseException:
@@ -345,7 +393,8 @@ def export(in_path: str | os.PathLike, out: str | os.PathLike, cfg: ExportConfig
 def _label_rule(cfg: ExportConfig, kind: str | None) -> str:
     """The rule that made the labels, in words, for the manifest and the dataset card."""
     if cfg.format == "pairs":
-        return "preference pairs: two children of one tree node whose values differ (mcts-label --pairs-out)"
+        return ("preference pairs: two children of one tree node, chosen = the child of higher value, by at least "
+                "mcts-label's --pair-margin (mcts-label --pairs-out)")
     src = f"`{cfg.labels}`"
     if kind == "index":
         return f"hard labels from the first-error index {src}: true before it, false from it on"

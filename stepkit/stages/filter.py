@@ -13,9 +13,9 @@ or **cuts** its steps (keeps a prefix). Rules (``RULES`` below; ``COL`` names a 
   the mean over its valid steps of ``2 * (v - m) * (2 * outcome - 1)``, ``v`` its value in ``COL``
   (list<float> or list<bool>), ``m`` the mean of all valid step values of the problem's rows, minus
   ``--step-penalty`` when the row has fewer than ``--min-steps`` or more than ``--max-steps`` steps.
-  ``--remove N`` rows per problem go, lowest score first, split between correct and incorrect rows so
-  that the counts left are as equal as possible (the larger side loses one first; on equal sides the
-  lower score goes). A row with no outcome or no valid value is ``unlabelled``.
+  ``--remove N`` rows per problem go (never its last scored row), lowest score first, split between
+  correct and incorrect rows so that the counts left are as equal as possible (the larger side loses one
+  first; on equal sides the lower score goes). A row with no outcome or no valid value is ``unlabelled``.
 * ``min-value:COL>=X`` / ``min-value:COL>X`` and ``max-value:COL<=X`` / ``max-value:COL<X`` — keep rows
   whose value (a number, or the minimum / maximum of a per-step list, nulls ignored) passes.
 * ``status:COL=V[,V...]`` keeps rows whose ``COL`` is one of the values; ``status:COL!=V[,V...]`` drops
@@ -296,7 +296,7 @@ class Prof(Rule):
                 sides[bool(rows[i]["outcome_correct"])].append((self.score(rows[i], mean, cfg), i))
             for side in sides.values():
                 side.sort()
-            for _ in range(min(cfg.remove or 0, len(idx))):
+            for _ in range(min(cfg.remove or 0, len(idx) - 1)):  # a problem keeps at least one row
                 pos, neg = sides[True], sides[False]
                 if len(pos) != len(neg):  # balance: the larger side loses one
                     take = pos if len(pos) > len(neg) else neg

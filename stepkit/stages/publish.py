@@ -28,15 +28,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from stepkit.errors import ConfigError, StepkitError
 from stepkit.options import Config, opt
 from stepkit.stages import dataset_card
+from stepkit.shards import write_json
 from stepkit.stages.export import MANIFEST, read_export_manifest
 
 RETRY_STATUS = {408, 412, 429, 500, 502, 503, 504}
-UPLOADED = ("README.md", "data/*", "images/*")  # everything else in FOLDER stays local (manifest, caches)
+UPLOADED = ("README.md", "lineage.json", "data/*", "images/*")  # the rest of FOLDER stays local (manifest, caches)
 
 
 @dataclass(frozen=True)
@@ -192,11 +194,18 @@ def publish(folder: str | os.PathLike, cfg: PublishConfig, log=print) -> dict[st
     splits = _splits(folder, manifest)
     staging = _stage(folder, splits)
     try:
+        for f in (f for fs in splits.values() for f in fs):  # a damaged data file is one line, before anything
+            try:
+                pq.read_table(staging / f)
+            except (pa.ArrowException, OSError) as e:
+                raise StepkitError(f"{folder / f}: not a readable Parquet file ({str(e).splitlines()[0][:160]}); "
+                                   "re-export the folder") from None
         stats = dataset_card.label_stats(staging, splits, manifest["config"]["format"])
         images = dataset_card.draw_figures(stats, staging, (cfg.repo_id or folder.name).split("/")[-1])
         card = dataset_card.render_card(staging, manifest, splits, cfg.repo_id or str(folder), cfg.license,
                                         images, stats)
         (staging / "README.md").write_text(card)
+        write_json(staging / "lineage.json", dataset_card.public_lineage(manifest))
         rows = check_loads(staging, splits)
         files = _upload_files(staging)
         report: dict[str, Any] = {"files": files, "splits": rows, "card": card, "images": images}
@@ -213,7 +222,7 @@ def _install(staging: Path, folder: Path, images: list[str]) -> None:
     for old in (folder / "images").glob("*.png") if (folder / "images").is_dir() else ():
         if f"images/{old.name}" not in images:
             old.unlink()
-    for rel in ["README.md", *images]:
+    for rel in ["README.md", "lineage.json", *images]:
         dst = folder / rel
         dst.parent.mkdir(parents=True, exist_ok=True)
         tmp = dst.with_name(f".{dst.name}.tmp-{os.getpid()}")
