@@ -41,6 +41,7 @@ from sympy.logic.boolalg import And
 
 from stepkit.errors import ConfigError, StepkitError
 from stepkit.grading.answers import extract_final_answer
+from stepkit.grading.values import BIG_INT_DIGITS, big_int_strings, quote
 
 # Floats are compared at d = max(FLOAT_ROUNDING, decimals written in the prediction, decimals written in
 # a decimal gold) places: the prediction counts when it equals the gold rounded to d places,
@@ -92,6 +93,7 @@ _DECIMALS = re.compile(
     r"\d*\.(\d+)(?:\s*(?:\\times|\\cdot|\*|×)\s*10\s*\^\s*(?:\{\s*([+-]?\d+)\s*\}|([+-]?\d))|[eE]([+-]?\d+))?"
 )
 _DIGITS = re.compile(r"\d")
+_DIGIT_RUN = re.compile(r"\d+")
 # Unit text such as "\mbox{ inches}^2": its exponent is dropped by math-verify and is not a lost number
 # (text with digits, "\text{ (or 20)}", is not a unit: losing it is losing a number).
 _UNIT = re.compile(r"\\(?:text|mbox|mathrm)\s*\{[^{}\d]*\}(?:\^\{?\d+\}?)?")
@@ -210,6 +212,8 @@ def _parse_whole(answer: str, role: str) -> tuple[list | None, str | None]:
         return None, f"empty {role} answer"
     if not _balanced(whole):
         return None, "has unbalanced braces"
+    if max(map(len, _DIGIT_RUN.findall(whole)), default=0) > BIG_INT_DIGITS:
+        return None, f"has a number of more than {BIG_INT_DIGITS:,} digits"
     parsed = parse("\\boxed{" + whole + "}", extraction_config=_LATEX_ONLY, parsing_timeout=None)
     if not parsed:
         return None, "math-verify cannot parse it"
@@ -219,7 +223,7 @@ def _parse_whole(answer: str, role: str) -> tuple[list | None, str | None]:
     lost = len(_DIGITS.findall(matched)) < len(_DIGITS.findall(_UNIT.sub("", whole)))
     chain = len(_EQ_SPLIT.split(matched)) > 2 and "," not in matched and ";" not in matched
     if lost or (chain and not _is_relation(parsed[0])):
-        return None, f"math-verify parses only part of it ({matched!r})"
+        return None, f"math-verify parses only part of it ({quote(matched)})"
     return parsed, None
 
 
@@ -228,7 +232,7 @@ def _parse_gold(gold: str) -> list:
     """Parse a gold answer; raise ConfigError when it is unusable (see ``gold_problem``)."""
     parsed, why = _parse_whole(gold, "gold")
     if why:
-        raise ConfigError(f"gold answer {gold!r} {why}")
+        raise ConfigError(f"gold answer {quote(gold)} {why}")
     return parsed
 
 
@@ -237,14 +241,18 @@ def gold_problem(gold: str) -> str | None:
 
     Unusable: empty; mixing delimited math with plain text (``$1$ - \\sqrt{2}``); unbalanced braces;
     unparseable, or parseable only as text; parsed from a strict part of itself (lost digits, or only the
-    last part of an equation chain). Never raises for a bad gold; in-process, no timeout.
+    last part of an equation chain); holding an integer of more than ``BIG_INT_DIGITS`` digits (shorter
+    ones parse whole, see ``stepkit.grading.values``). The gold is quoted shortened (``quote``), so the
+    reason stays one short line however long the gold is. Never raises for a bad gold; in-process, no
+    timeout.
     """
     try:
-        _parse_gold(gold)
+        with big_int_strings():
+            _parse_gold(gold)
     except ConfigError as e:
         return str(e)
     except Exception as e:  # noqa: BLE001 - a parser crash on a gold is a problem of that gold
-        return f"gold answer {gold!r}: math-verify failed: {type(e).__name__}: {e}"[:300]
+        return f"gold answer {quote(gold)}: math-verify failed: {type(e).__name__}: {quote(e)}"
     return None
 
 
@@ -381,11 +389,18 @@ def verify_answer(
     rounding ``max(float_rounding, decimal places written)``, whose numeric step for exact numbers is
     ``exact_numbers_equal`` too (see the module docstring).
 
+    Integers of up to ``BIG_INT_DIGITS`` digits are parsed and compared whole (``big_int_strings``).
+
     Returns:
         True when equivalent; False when not, or when ``pred`` is None or does not parse whole.
     Raises:
         ConfigError: the gold answer is unusable (see ``gold_problem``).
     """
+    with big_int_strings():
+        return _verify_answer(gold, pred, float_rounding, numeric_precision)
+
+
+def _verify_answer(gold: str, pred: str | None, float_rounding: int, numeric_precision: int) -> bool:
     gold_parsed = _parse_gold(gold)
     if pred is None or not str(pred).strip():
         return False
@@ -537,7 +552,7 @@ class AnswerChecker:
                         except BrokenProcessPool:  # a worker died (e.g. out of memory): retry once
                             if key in died:
                                 if crashed is None:
-                                    raise StepkitError(f"answer check crashed its worker twice: {key!r}") from None
+                                    raise StepkitError(f"answer check crashed its worker twice: {quote(key)}") from None
                                 cache[key] = crashed
                             else:
                                 died.add(key)

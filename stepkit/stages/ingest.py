@@ -29,6 +29,7 @@ from stepkit import __version__
 from stepkit.errors import InputError
 from stepkit.grading.answers import extract_final_answer, extract_gsm8k_reference, strip_calculator_annotations
 from stepkit.grading.steps import check_split, split_steps
+from stepkit.grading.values import answer_text, json_integer
 from stepkit.options import Config, opt
 from stepkit.schema import PROBLEM_SCHEMA, REFERENCE_FIELDS, TRAJECTORY_SCHEMA, extend_schema
 from stepkit.shards import file_sha256, write_shard
@@ -92,7 +93,7 @@ def read_jsonl(path: Path) -> Iterator[tuple[int, dict]]:
             if not line.strip():
                 continue
             try:
-                obj = json.loads(line)
+                obj = json.loads(line, parse_int=json_integer)
             except json.JSONDecodeError as e:
                 raise InputError(path, f"not valid JSON ({e.msg})", row=i) from None
             if not isinstance(obj, dict):
@@ -122,17 +123,12 @@ def _steps_list(value: Any, path: Path, row: int, column: str) -> list[str]:
 
 
 def _scalar_text(value: Any, path: Path, row: int, column: str) -> str | None:
-    """An answer value as text: strings as they are, numbers without exponent notation
-    (``1e-07`` would read as e - 7), else InputError."""
-    if value is None or isinstance(value, str):
-        return value
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise InputError(path, f"expected a string or number, found {type(value).__name__}", row=row, column=column)
-    if isinstance(value, int):
-        return str(value)
-    from decimal import Decimal
-
-    return format(Decimal(repr(value)).normalize(), "f")
+    """An answer value as text (:func:`stepkit.grading.values.answer_text`: strings as they are, numbers
+    without exponent notation), else InputError."""
+    try:
+        return answer_text(value)
+    except ValueError as e:
+        raise InputError(path, str(e), row=row, column=column) from None
 
 
 def ratings_to_labels(ratings: list, neutral_as: str = "positive") -> list[bool]:
@@ -281,7 +277,7 @@ class Ingester:
     # ---- ProcessBench --------------------------------------------------------------------------
     def _processbench(self):
         try:
-            data = json.loads(self.path.read_text())
+            data = json.loads(self.path.read_text(), parse_int=json_integer)
         except (OSError, json.JSONDecodeError) as e:
             raise InputError(self.path, f"not a readable ProcessBench JSON file ({e})") from None
         if not isinstance(data, list):
