@@ -1,9 +1,10 @@
-"""Answer values from source files: huge integers and short quotes in messages (D19), in
-stepkit.grading.values and where ingest reads gold answers."""
+"""Answer values from source files: huge integers, non-finite numbers as gold answers, short quotes in
+messages (D18, D19), in stepkit.grading.values and where ingest reads gold answers."""
 
 from __future__ import annotations
 
 import json
+import math
 import sys
 import threading
 
@@ -14,6 +15,7 @@ from stepkit.errors import InputError
 from stepkit.grading.values import BIG_INT_DIGITS, answer_text, big_int_strings, json_integer, quote
 from stepkit.grading.verify import checker_settings, gold_problem, verify_answer
 from stepkit.stages.ingest import IngestOptions, ingest
+from tests.conftest import run_cli
 
 HUGE = "7" * 4999 + "3"  # 5,000 digits: more than Python's default int-string limit (4,300)
 
@@ -98,12 +100,60 @@ def test_json_integer():
 )
 def test_answer_text(value, text):
     assert answer_text(value) == text
+    assert answer_text(value, gold=True) == text
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf])
+def test_non_finite_numbers_are_not_gold_answers(value):
+    with pytest.raises(ValueError, match="not a gold answer") as e:
+        answer_text(value, gold=True)
+    assert "\n" not in str(e.value)
 
 
 @pytest.mark.parametrize("value, kind", [(True, "bool"), ([2], "list"), ({"a": 1}, "dict")])
 def test_answer_text_refuses_other_types(value, kind):
     with pytest.raises(ValueError, match=f"expected a string or number, found {kind}"):
-        answer_text(value)
+        answer_text(value, gold=True)
+
+
+@pytest.mark.parametrize("literal", ["NaN", "Infinity", "-Infinity"])
+def test_ingest_refuses_a_non_finite_json_gold(tmp_path, checker, literal):
+    src = tmp_path / "t.jsonl"
+    src.write_text('{"prompt": "a", "steps": ["The answer is 2."], "gold": "2"}\n'
+                   f'{{"prompt": "b", "steps": ["The answer is 2."], "gold": {literal}}}\n')
+    with pytest.raises(InputError, match=r"^.*t\.jsonl: row 1, column 'gold': .*not a gold answer") as e:
+        ingest("jsonl", src, tmp_path / "o.parquet", IngestOptions(reference_col="gold"), checker, checker_settings())
+    assert "\n" not in str(e.value)
+    assert not (tmp_path / "o.parquet").exists()
+
+
+def test_cli_non_finite_gold_is_one_line(tmp_path):
+    src = tmp_path / "t.jsonl"
+    src.write_text('{"prompt": "b", "steps": ["The answer is 2."], "gold": NaN}\n')
+    p = run_cli("ingest", "jsonl", src, tmp_path / "o.parquet", "--reference-col", "gold", check=False)
+    assert p.returncode == 1
+    line = p.stderr.strip()
+    assert "\n" not in line and line.startswith(f"error: {src}: row 0, column 'gold': ") and "NaN" in line
+
+
+def test_ingest_refuses_a_non_finite_parquet_gold(tmp_path, checker):
+    import pyarrow as pa
+
+    src = tmp_path / "t.parquet"
+    pq.write_table(pa.table({"prompt": ["a", "b"], "steps": [["The answer is 2."]] * 2, "gold": [2.0, math.nan]}), src)
+    with pytest.raises(InputError, match=r"t\.parquet: row 1, column 'gold': .*not a gold answer"):
+        ingest("parquet", src, tmp_path / "o.parquet", IngestOptions(reference_col="gold"), checker, checker_settings())
+
+
+def test_ingest_refuses_a_non_finite_gold_in_an_answers_file(tmp_path, checker):
+    answers = tmp_path / "answers.jsonl"
+    answers.write_text('{"problem": "What is 1+1?", "answer": "2"}\n{"problem": "What is 0/0?", "answer": NaN}\n')
+    src = tmp_path / "pb.json"
+    src.write_text(json.dumps([{"id": "g-0", "generator": "m", "problem": "What is 1+1?", "final_answer_correct": True,
+                                "steps": ["1+1 = 2.", "The answer is 2."], "label": -1}]))
+    with pytest.raises(InputError, match=r"answers\.jsonl: row 1, column 'answer': .*not a gold answer"):
+        ingest("processbench", src, tmp_path / "o.parquet", IngestOptions(answers=(str(answers),)), checker,
+               checker_settings())
 
 
 @pytest.mark.parametrize("as_number", [False, True])

@@ -12,6 +12,7 @@ JSON integer literal as its digits, which is what an answer is to stepkit anyway
 
 from __future__ import annotations
 
+import math
 import sys
 import threading
 from contextlib import contextmanager
@@ -74,7 +75,7 @@ def json_integer(digits: str) -> int | str:
     return int(digits)
 
 
-def answer_text(value: object) -> str | None:
+def answer_text(value: object, *, gold: bool = False) -> str | None:
     """A source value (a JSON or Parquet scalar) as answer text.
 
     ``None`` stays ``None`` and a string is kept as it is. An integer is written in full; a float in
@@ -83,10 +84,14 @@ def answer_text(value: object) -> str | None:
 
     Args:
         value: the value read from the file.
+        gold: the value is a gold (reference) answer: a non-finite number is refused. JSON has no NaN or
+            Infinity, but Python's ``json`` reads them, and pandas writes NaN for a missing float; as gold
+            they were stored as the text ``'NaN'``, which math-verify parses as the product ``N*a*N``.
     Returns:
         The text, or None for None.
     Raises:
-        ValueError: (one line) a bool, or a value that is neither a string nor a number.
+        ValueError: (one line) a bool, a value that is neither a string nor a number, or, with ``gold``,
+            NaN or an infinity.
     """
     if value is None or isinstance(value, str):
         return value
@@ -95,4 +100,8 @@ def answer_text(value: object) -> str | None:
     if isinstance(value, int):
         with big_int_strings():
             return str(value)
+    if gold and not math.isfinite(value):
+        name = "NaN" if math.isnan(value) else "Infinity" if value > 0 else "-Infinity"
+        raise ValueError(f"{name} is not a gold answer (a number that is not finite); give the answer as text, "
+                         "or null when there is none")
     return format(Decimal(repr(value)).normalize(), "f")

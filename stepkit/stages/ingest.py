@@ -122,11 +122,11 @@ def _steps_list(value: Any, path: Path, row: int, column: str) -> list[str]:
     return steps
 
 
-def _scalar_text(value: Any, path: Path, row: int, column: str) -> str | None:
+def _scalar_text(value: Any, path: Path, row: int, column: str, gold: bool = False) -> str | None:
     """An answer value as text (:func:`stepkit.grading.values.answer_text`: strings as they are, numbers
-    without exponent notation), else InputError."""
+    without exponent notation; with ``gold``, NaN/Infinity refused), else InputError."""
     try:
-        return answer_text(value)
+        return answer_text(value, gold=gold)
     except ValueError as e:
         raise InputError(path, str(e), row=row, column=column) from None
 
@@ -331,14 +331,14 @@ class Ingester:
         for f in files:
             if not f.exists():
                 continue
-            for _, obj in read_jsonl(f):
+            for i, obj in read_jsonl(f):
                 if "question" in obj and "answer" in obj:
                     try:
                         out[_norm(obj["question"])] = extract_gsm8k_reference(obj["answer"])
                     except ValueError:
                         pass
                 elif "problem" in obj and "answer" in obj:
-                    out[_norm(obj["problem"])] = str(obj["answer"])
+                    out[_norm(obj["problem"])] = _scalar_text(obj["answer"], f, i, "answer", gold=True)
         return out
 
     # ---- generic jsonl / parquet ---------------------------------------------------------------
@@ -362,7 +362,8 @@ class Ingester:
             else:
                 steps = _steps_list(raw, self.path, i, o.steps_col)
                 sep = "\n\n" if any("\n" in s for s in steps) else "\n"
-            ref = _scalar_text(obj.get(o.reference_col), self.path, i, o.reference_col) if o.reference_col else None
+            ref = (_scalar_text(obj.get(o.reference_col), self.path, i, o.reference_col, gold=True)
+                   if o.reference_col else None)
             final = (_scalar_text(obj.get(o.answer_col), self.path, i, o.answer_col) if o.answer_col
                      else extract_final_answer(sep.join(steps)))
             pid = (str(_need(obj, o.problem_id_col, self.path, i, (str, int))) if o.problem_id_col
