@@ -81,7 +81,7 @@ def test_integer_beyond_big_int_digits_is_named_in_one_short_line():
     assert verify_answer("1", gold) is False
 
 
-@pytest.mark.parametrize("gold", ["}" + HUGE, "$1$ - " + HUGE, "7 (since 9 * 2 = " + HUGE + ")", "a" * 5000 + "!"])
+@pytest.mark.parametrize("gold", ["}" + HUGE, "$1$ - " + HUGE, "7 (since 9 * 2 = " + HUGE + ")", "\\frac{" + HUGE + "}"])
 def test_messages_about_long_golds_are_short(gold):
     why = gold_problem(gold)
     assert why and "\n" not in why and len(why) < 250, why
