@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
-from conftest import DATA
+from conftest import DATA, assert_linear
 
 from stepkit.grading.answers import strip_calculator_annotations
 from stepkit.grading.steps import (
     join_steps,
+    math_and_code_blocks,
     parse_tagged_steps,
     render_prefix,
     shepherd_labels_to_bool,
@@ -31,6 +33,7 @@ from stepkit.grading.steps import (
         ("Step 1: only one\n\nPara two", "auto", ["Step 1: only one", "Para two"], "\n\n"),
         ("line one\r\nline two\n", "auto", ["line one", "line two"], "\n"),
         ("a; b;; c", r";\s*", ["a", "b", "c"], "\n"),
+        ("a; b;; c", r"(;)\s*", ["a", "b", "c"], "\n"),  # a separator's capture groups are not steps
         ("", "auto", [], "\n"),
     ],
 )
@@ -157,3 +160,183 @@ def test_shepherd_labels_to_bool():
     assert shepherd_labels_to_bool(["+", "-", "+"]) == [True, False, True]
     with pytest.raises(ValueError):
         shepherd_labels_to_bool(["+", "0"])
+
+
+# ---- splits never cut display math or code ------------------------------------------------------------
+
+ALIGN = "\\begin{align*}\nx &= 1 \\\\[2pt]\n\ny &= 2\n\\end{align*}"
+
+
+@pytest.mark.parametrize(
+    "text, mode, steps",
+    [
+        ("Intro.\n\n\\[\na = 1\n\nb = 2\n\\]\n\nDone.", "blank", ["Intro.", "\\[\na = 1\n\nb = 2\n\\]", "Done."]),
+        ("So\n\n$$\na = 1\n\n b = 2\n$$\n\nDone.", "blank", ["So", "$$\na = 1\n\n b = 2\n$$", "Done."]),
+        (f"A\n\n{ALIGN}\n\nB", "blank", ["A", ALIGN, "B"]),
+        (f"A\n{ALIGN}\nB", "newline", ["A", ALIGN, "B"]),
+        ("Let\n\\[\nx = 1\n\\]\nSo", "newline", ["Let", "\\[\nx = 1\n\\]", "So"]),
+        ("A\n\n\\begin{align}\n\\begin{cases} 1 \\\\\n\n2 \\end{cases}\n\n\\end{align}\n\nB", "blank",
+         ["A", "\\begin{align}\n\\begin{cases} 1 \\\\\n\n2 \\end{cases}\n\n\\end{align}", "B"]),
+        ("Code:\n\n```python\nx = 1\n\ny = '$$'\n```\n\nEnd", "blank", ["Code:", "```python\nx = 1\n\ny = '$$'\n```", "End"]),
+        ("Code:\n\n~~~~\na\n\n~~~\nb\n~~~~\n\nEnd", "blank", ["Code:", "~~~~\na\n\n~~~\nb\n~~~~", "End"]),
+        ("1. Run:\n\n    ```\n    a\n\n    b\n    ```\n\n2. Done", "blank", ["1. Run:", "```\n    a\n\n    b\n    ```", "2. Done"]),
+        # the block rule decides what auto sees: a blank line only inside a block is no paragraph break
+        ("A\n\\[\na\n\nb\n\\]\nB", "auto", ["A", "\\[\na\n\nb\n\\]", "B"]),
+        ("Step 1: a\n```\nStep 2: not a step\n```\nStep 2: b", "auto", ["Step 1: a\n```\nStep 2: not a step\n```", "Step 2: b"]),
+        ("a; \\[ b; c \\]; d", r";\s*", ["a", "\\[ b; c \\]", "d"]),
+        ("x (?=y) \\[ z\n\nStep w \\]\n\nStep v", "(?=Step )", ["x (?=y) \\[ z\n\nStep w \\]", "Step v"]),
+        # not blocks: unclosed delimiters, a LaTeX line break, an escaped dollar, $$ between inline maths
+        ("unclosed \\[ x\n\ny", "blank", ["unclosed \\[ x", "y"]),
+        ("a \\\\[2pt]\n\nb \\]", "blank", ["a \\\\[2pt]", "b \\]"]),
+        ("cost \\$$5\n\nand $$", "blank", ["cost \\$$5", "and $$"]),
+        ("Since $x,$$y,$ and $z$\n\nnext $$a\n\nb$$ end", "blank", ["Since $x,$$y,$ and $z$", "next $$a\n\nb$$ end"]),
+        ("\\[ a\n\nb \\[ c\n\nd \\] e", "blank", ["\\[ a", "b \\[ c\n\nd \\] e"]),  # the first display was left open
+        ("\\begin{a}\n\nx", "blank", ["\\begin{a}", "x"]),
+        # an unclosed code fence holds the rest of the text (CommonMark)
+        ("Run\n\n```\nx\n\ny", "blank", ["Run", "```\nx\n\ny"]),
+        ("```x```\n\ny", "blank", ["```x```", "y"]),  # backticks in the info string: not a fence
+    ],
+)
+def test_splits_never_cut_display_math_or_code(text, mode, steps):
+    assert split_steps(text, mode)[0] == steps
+
+
+@pytest.mark.parametrize(
+    "text, mode",
+    [("a\n\n \t \n\nb", "blank"), ("a\n  \n\t\nb", "newline"), ("\n\n\n", "blank"), ("   ", "auto"), ("", "newline"),
+     ("a;;  ; b", r";"), ("Step 1: a\n\n  \nStep 2: b", "step"), ("\\[ x \\]\n\n \n\n", "blank"),
+     ("\u00a0\n\n\u2003\n\nb", "blank")],
+)
+def test_empty_and_whitespace_pieces_are_never_steps(text, mode):
+    steps, _ = split_steps(text, mode)
+    assert all(s and s.strip() == s for s in steps), steps
+
+
+def test_math_and_code_blocks_spans():
+    text = "a $$x$$ b \\[y\\] \\begin{c}z\\end{c}\n```\nw\n```\n"
+    assert [text[a:b] for a, b in math_and_code_blocks(text)] == ["$$x$$", "\\[y\\]", "\\begin{c}z\\end{c}", "```\nw\n```"]
+    assert math_and_code_blocks("no blocks $x$ here") == []
+
+
+_GAP = {"\n\n": re.compile(r"\s*\n[ \t]*\n\s*"), "\n": re.compile(r"\s*\n\s*")}
+
+
+def assert_normalised_form(text: str, steps: list[str], sep: str) -> None:
+    """The contract of split_steps: every step is a piece of the text byte for byte, in order, and what lies
+    between two steps is whitespace holding a separator, so joining the steps with ``sep`` gives the text
+    with each such gap (and the whitespace at the ends) normalised."""
+    text, pos = text.replace("\r\n", "\n"), 0
+    for k, step in enumerate(steps):
+        at = text.find(step, pos)
+        assert at >= 0, f"step {k} is not a piece of the text: {step[:80]!r}"
+        gap = text[pos:at]
+        assert (not gap.strip()) if k == 0 else _GAP[sep].fullmatch(gap), f"gap before step {k}: {gap[:80]!r}"
+        pos = at + len(step)
+    assert not text[pos:].strip()
+    assert render_prefix(steps, sep, len(steps)) == join_steps(steps, sep) + (sep if steps else "")
+
+
+def _math500():
+    return [json.loads(line) for line in open(DATA / "math500" / "test.jsonl")]
+
+
+# Display blocks as written in the real data, found independently of the splitter.
+_REAL_BLOCK = re.compile(r"\\\[(?:(?!\\\[).)*?\\\]|\\begin\{(\w+\*?)\}.*?\\end\{\1\}|\$\$[^$]+\$\$", re.DOTALL)
+
+
+def _real_blocks(text: str) -> list[str]:
+    return [m.group() for m in _REAL_BLOCK.finditer(text) if "\n" in m.group()]
+
+
+@pytest.mark.parametrize("mode", ["newline", "auto", "blank"])
+def test_real_math500_display_math_stays_in_one_step(mode):
+    """MATH-500 solutions hold 183 multi-line display blocks; a line split used to cut the blocks of 132
+    solutions into lines of bare LaTeX (and auto chose that split for 88 of them)."""
+    rows = _math500()
+    cut = []
+    for i, row in enumerate(rows):
+        steps, sep = split_steps(row["solution"], mode)
+        assert_normalised_form(row["solution"], steps, sep)
+        if any(not any(b in s for s in steps) for b in _real_blocks(row["solution"])):
+            cut.append(i)
+    assert sum(len(_real_blocks(r["solution"])) for r in rows) == 183
+    assert cut == []
+
+
+def _with_blank_lines_in_blocks(text: str) -> tuple[str, list[str]]:
+    """``text`` with a blank line added after the first line of each multi-line display block (as models write
+    them between the rows of an ``align``); returns the new text and its changed blocks."""
+    changed = []
+
+    def widen(m):
+        block = m.group().replace("\n", "\n\n", 1) if "\n" in m.group() else m.group()
+        changed.append(block)
+        return block
+
+    return _REAL_BLOCK.sub(widen, text), [b for b in changed if "\n\n" in b]
+
+
+def test_real_math500_blocks_with_blank_lines_stay_whole():
+    n_blocks = 0
+    for row in _math500():
+        text, blocks = _with_blank_lines_in_blocks(row["solution"])
+        n_blocks += len(blocks)
+        for mode in ("blank", "auto", "newline"):
+            steps, sep = split_steps(text, mode)
+            assert_normalised_form(text, steps, sep)
+            assert all(any(b in s for s in steps) for b in blocks), (mode, row["solution"][:200])
+        assert len(split_steps(text, "blank")[0]) == len(split_steps(row["solution"], "blank")[0])
+    assert n_blocks == 183
+
+
+def test_real_processbench_steps_round_trip_through_blank_lines():
+    """ProcessBench steps are paragraphs: joined with a blank line they split back, all 1400 rows, and so do
+    the 236 steps that hold multi-line display math with a blank line added inside each block."""
+    widened = 0
+    for split in ("gsm8k", "math"):
+        for row in json.load(open(DATA / "processbench" / f"{split}.json")):
+            steps = [s.strip() for s in row["steps"]]
+            joined = "\n\n".join(row["steps"])
+            assert split_steps(joined, "blank") == (steps, "\n\n"), row["id"]
+            wide = [_with_blank_lines_in_blocks(s)[0] for s in steps]
+            widened += sum(w != s for w, s in zip(wide, steps))
+            assert split_steps("\n\n".join(wide), "blank")[0] == wide, row["id"]
+    assert widened == 236
+
+
+def test_real_processbench_unclosed_display_is_text():
+    """ProcessBench math-85, step 1 ends inside a display its model never closed (``\\[ ... = -7.``); step 2
+    opens and closes its own. The unclosed one is text, so the four steps still split back."""
+    row = next(r for r in json.load(open(DATA / "processbench" / "math.json")) if r["id"] == "math-85")
+    assert row["steps"][1].rstrip().endswith("= -7.") and row["steps"][1].count("\\[") == row["steps"][1].count("\\]") + 1
+    assert split_steps("\n\n".join(row["steps"]), "blank")[0] == [s.strip() for s in row["steps"]]
+
+
+def test_real_processbench_code_fences():
+    """ProcessBench math-810 writes its sums in code fences; a fence with a blank line stays one step."""
+    row = next(r for r in json.load(open(DATA / "processbench" / "math.json")) if r["id"] == "math-810")
+    steps = [s.strip().replace("```\n", "```\n\n", 1) for s in row["steps"]]  # a blank line inside each fence
+    assert sum("```\n\n" in s for s in steps) == 3
+    assert split_steps("\n\n".join(steps), "blank")[0] == steps
+
+
+def _adversarial_blocks(n: int) -> dict[str, str]:
+    return {
+        "unclosed displays": "\\[ a\n\n" * (n // 6),
+        "closers only": "\\] a\n\n" * (n // 6),
+        "dollars": "$$ a\n\n" * (n // 6),
+        "single dollars": "$ a\n\n" * (n // 5),
+        "unclosed environments": "\\begin{a}\n\n" * (n // 11),
+        "nested environments": "\\begin{a}\n\n" * (n // 20) + "\\end{a}\n\n" * (n // 20),
+        "fences with info": "```a\n\n" * (n // 6),
+        "fences": "```\n\n" * (n // 5),
+        "long fences": "`" * (n // 2) + "\n\n" + "`" * (n // 2),
+        "escapes": "\\\\\\$" * (n // 4),
+        "step markers": "Step 1: a\n```\n" * (n // 14),
+    }
+
+
+@pytest.mark.parametrize("name", sorted(_adversarial_blocks(10)))
+@pytest.mark.parametrize("mode", ["auto", "blank", "newline"])
+def test_splitting_with_blocks_is_linear(name, mode):
+    assert_linear(lambda text: split_steps(text, mode), lambda n: _adversarial_blocks(n)[name], n=8_000)

@@ -15,6 +15,7 @@ from math_verify import parse, verify
 from stepkit.errors import ConfigError
 from stepkit.grading.answers import extract_final_answer, extract_gsm8k_reference, strip_calculator_annotations
 from stepkit.grading.verify import (
+    EXACT_DIGITS,
     FLOAT_ROUNDING,
     AnswerChecker,
     checker_settings,
@@ -263,6 +264,7 @@ def test_settings_recorded():
     assert (s["float_rounding"], s["numeric_precision"], s["strict"]) == (6, 15, True)
     assert "0.5 * 10^-d" in s["float_rounding_rule"] and "numeric_precision" in s["float_rounding_rule"]
     assert "whole" in s["whole_answer_rule"]
+    assert "exactly" in s["exact_rule"] and str(EXACT_DIGITS) in s["exact_rule"]
     c = AnswerChecker(timeout=2.0, workers=1)
     assert c.settings() == {**s, "timeout_s": 2.0, "workers": 1}
     with pytest.raises(ConfigError):
@@ -324,3 +326,108 @@ def test_real_golds_are_usable(checker):
     golds = [json.loads(line)["answer"] for line in open(DATA / "math500" / "test.jsonl")]
     golds += [extract_gsm8k_reference(json.loads(line)["answer"]) for line in open(DATA / "gsm8k" / "test.jsonl")]
     assert {g: p for g, p in checker.gold_problems(golds).items() if p} == {}
+
+
+# Exact numbers (no decimal written) compare exactly: never by rounding or chopping both to a fixed number
+# of places. math-verify evaluates a difference of unevaluated exact values at numeric_precision (15)
+# digits with chop=True, which sets anything below ~1e-15 to 0, so 1/2^60 "equalled" 1/2^61.
+TINY_DIFFERENT = [
+    ("\\frac{1}{2^{60}}", "\\frac{1}{2^{61}}"),
+    ("2^{-60}", "2^{-61}"),
+    ("\\frac{1}{20!}", "\\frac{1}{21!}"),
+    ("\\frac{1}{100!}", "\\frac{1}{101!}"),
+    ("\\frac{3}{10^{40}}", "\\frac{4}{10^{40}}"),
+    ("\\sqrt{2} \\cdot 10^{-16}", "\\sqrt{3} \\cdot 10^{-16}"),
+    ("e^{-40}", "e^{-41}"),
+    ("\\frac{\\pi}{10^{20}}", "\\frac{\\pi}{10^{21}}"),
+    ("\\frac{1}{2^{60}}", "\\frac{1}{2^{60}} + \\frac{1}{2^{200}}"),
+    # inside tuples, intervals, sets, relations and expressions, where math-verify compares element-wise
+    ("(\\frac{1}{2^{60}}, 1)", "(\\frac{1}{2^{61}}, 1)"),
+    ("[0, \\frac{1}{2^{60}}]", "[0, \\frac{1}{2^{61}}]"),
+    ("\\{\\frac{1}{20!}\\}", "\\{\\frac{1}{21!}\\}"),
+    ("x = \\frac{1}{2^{60}}", "x = \\frac{1}{2^{61}}"),
+    ("x^2 + \\frac{1}{2^{60}}", "x^2 + \\frac{1}{2^{61}}"),
+]
+HUGE_DIFFERENT = [
+    ("2^{100}", "2^{100}+1"),
+    ("2^{100}", "1267650600228229401496703205377"),
+    ("2^{1000}", "2^{1000}+1"),
+    ("100!", "100!+1"),
+    ("10^{20}\\sqrt{2}", "10^{20}\\sqrt{2}+1"),
+    ("(2^{100}, 1)", "(2^{100}+1, 1)"),
+    ("x = 2^{100}", "x = 2^{100}+1"),
+    ("\\frac{2^{1000}+1}{2^{1000}}", "1"),
+]
+EXACT_EQUAL = [
+    ("\\frac{1}{2^{60}}", "2^{-60}"),
+    ("\\frac{1}{20!}", "\\frac{1}{2432902008176640000}"),
+    ("\\frac{\\sqrt{2}}{2^{60}}", "\\frac{1}{\\sqrt{2} \\cdot 2^{59}}"),
+    ("e^{-40}", "\\frac{1}{e^{40}}"),
+    ("2^{100}", "1267650600228229401496703205376"),
+    ("20!", "2432902008176640000"),
+    ("\\binom{100}{50}", "100891344545564193334812497256"),
+    ("2^{1000}", "2 \\cdot 2^{999}"),
+    ("\\sqrt{2}+\\sqrt{3}", "\\sqrt{5+2\\sqrt{6}}"),
+    ("\\frac{\\sqrt{2}}{2}", "\\frac{1}{\\sqrt{2}}"),
+    ("(\\frac{1}{2^{60}}, 1)", "(2^{-60}, 1)"),
+    ("x = \\frac{1}{2^{60}}", "x = 2^{-60}"),
+]
+
+
+@pytest.mark.parametrize("gold, pred", TINY_DIFFERENT + HUGE_DIFFERENT)
+def test_different_exact_values_are_not_equivalent(gold, pred):
+    assert verify_answer(gold, pred) is False
+    assert verify_answer(pred, gold) is False
+
+
+@pytest.mark.parametrize("gold, pred", EXACT_EQUAL)
+def test_equal_exact_values_are_equivalent(gold, pred):
+    assert verify_answer(gold, pred) is True
+    assert verify_answer(pred, gold) is True
+
+
+def test_exact_values_compare_exactly_in_the_pool(checker):
+    pairs = TINY_DIFFERENT[:3] + HUGE_DIFFERENT[:2] + EXACT_EQUAL[:3]
+    assert checker.check_many(pairs) == [False] * 5 + [True] * 3
+
+
+def test_math_verify_chops_tiny_differences_stepkit_does_not():
+    """The mechanism, pinned: math-verify's own numeric comparison calls 1/2^60 and 1/2^61 equal."""
+    from stepkit.grading import verify as v
+
+    a, b = (parse(f"\\boxed{{{s}}}", parsing_timeout=None)[0] for s in TINY_DIFFERENT[0])
+    assert v._MATH_VERIFY_NUMERIC_EQ(a, b, 6, 15) is True
+    assert v._exact_numeric_eq(a, b, 6, 15) is False
+
+
+@pytest.mark.parametrize(
+    "gold, pred, expected",
+    [
+        # A decimal keeps the rounding rule, at the places it is written to; in m \times 10^{-k} those are
+        # the places of m plus k, so a tiny decimal is compared at its own scale, not at 6 places.
+        ("\\frac{1}{2^{60}}", "8.67 \\times 10^{-19}", True),  # 8.6736...e-19 rounded to 3 figures
+        ("\\frac{1}{2^{60}}", "8.68 \\times 10^{-19}", False),
+        ("\\frac{1}{2^{60}}", "8.673617379884035 \\times 10^{-19}", True),
+        ("\\frac{1}{2^{60}}", "1.0 \\times 10^{-30}", False),
+        ("3 \\cdot 10^{-20}", "2.5 \\cdot 10^{-20}", False),
+        ("2.5 \\cdot 10^{-20}", "\\frac{1}{4 \\cdot 10^{19}}", True),
+        ("\\frac{1}{2^{60}}", "8.67E-19", True),
+        ("\\frac{1}{2^{60}}", "1.0E-30", False),
+        ("(\\frac{1}{2^{60}}, 1)", "(1.0 \\times 10^{-30}, 1)", False),
+        ("x = \\frac{1}{2^{60}}", "x = 1.0 \\times 10^{-30}", False),
+        # plain decimals: today's rule (the value rounded to max(6, places written) places) ...
+        ("\\frac{1}{2^{30}}", "0.0000000009", True),
+        ("\\frac{1}{2^{30}}", "0.0000000010", False),
+        ("\\frac{1}{2^{60}}", "0.000000", True),
+        ("\\frac{1}{3}", "0.333333", True),
+        ("\\frac{\\sqrt{2}}{10^{3}}", "0.001414214", True),
+        # ... never finer than 15 significant digits (a float64 print), so huge decimals match their value
+        ("2^{100}", "1267650600228229401496703205376.0", True),
+        ("2^{100}", "1267650600228229401496703205377.0", True),
+        ("2^{100}", "1267650600228230000000000000000.0", True),  # 2^100 to 15 figures
+        ("2^{100}", "1267650600228200000000000000000.0", False),
+        ("0.5 \\pi", "\\frac{\\pi}{2}", True),
+    ],
+)
+def test_mixed_exact_and_decimal_values(gold, pred, expected):
+    assert verify_answer(gold, pred) is expected

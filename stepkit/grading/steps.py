@@ -3,16 +3,133 @@
 Steps are split **once** and kept as a list end to end (design.md, "Record schema"); the separator they
 were joined with in the original text is recorded beside them (``step_separator``) and used to render
 prefixes, because a step may itself contain newlines.
+
+A split never cuts a display-math block or a code block (``math_and_code_blocks``): a blank line inside
+``\\begin{align} ... \\end{align}`` or a fenced code block is part of its step, in every split mode.
 """
 
 from __future__ import annotations
 
 import re
+from bisect import bisect_right
 
-_STEP_MARKER = re.compile(r"\bStep\s+\d+\s*:")
+_STEP_MARKER = re.compile(r"\bStep\s+(\d+)\s*:")
 _STEP_ONE = re.compile(r"\bStep\s+1\s*:")
 _BLANK_LINE = re.compile(r"\n[ \t]*\n")
+_NEWLINE = re.compile(r"\n")
 _MODE_SEPARATORS = {"newline": "\n", "blank": "\n\n", "step": "\n"}
+# What math_and_code_blocks reads, in one left-to-right pass. "\\" and "\$" are consumed first, so in
+# "\\[2pt]" (a LaTeX line break) and "\$$" (an escaped dollar) no delimiter is seen.
+_BLOCK_TOKEN = re.compile(
+    r"^[ \t]*(?P<fence>`{3,}|~{3,})(?P<info>[^\n]*)$"  # a code fence line
+    r"|\\\\|\\\$"  # an escaped backslash or dollar
+    r"|(?P<math>\\\[|\\\]|\$\$?)"  # display math \[ \], $$ (or a $ of inline math)
+    r"|\\(?P<env>begin|end)[ \t]*\{(?P<name>[^{}\n]*)\}"  # an environment's start or end
+    r"|\n",  # a line end (inline $...$ math ends with its line)
+    re.MULTILINE,
+)
+
+
+def math_and_code_blocks(text: str) -> list[tuple[int, int]]:
+    r"""The ``(start, end)`` character spans of the display-math and code blocks of ``text``, sorted and
+    disjoint: the places a step split must not cut.
+
+    Blocks:
+        * display math ``\[ ... \]`` and ``$$ ... $$`` (TeX/LaTeX display delimiters), with ``$$``
+          read as TeX does: inside inline math (``$x,$$y,$``) it closes one ``$...$`` and opens the next,
+          so it starts display math only outside inline math; inline math ends at the end of its line;
+        * an environment ``\begin{name} ... \end{name}`` (any name, nested ones paired by name:
+          ``align``, ``cases`` inside ``align``, ``pmatrix``, ...);
+        * a fenced code block (CommonMark 0.31, "Fenced code blocks"): a line of at least three backticks
+          or tildes (backtick fences take no backtick in their info string) up to a line of at least as
+          many of the same character and nothing else. Unlike CommonMark, a fence may be indented by any
+          amount (fences in list items of model output).
+
+    Inside a block nothing else is read (a ``$$`` in a code block is code). An opening delimiter with no
+    closing one (a truncated generation) is text, as MathJax treats an unmatched delimiter, and so is a
+    ``\[`` followed by another ``\[`` before any ``\]`` (TeX allows no display inside display: the
+    first was left open, as in ProcessBench ``math-85``); an unclosed code fence runs to the end of the
+    text, as in CommonMark. Escaped ``\$`` and ``\\[`` (a line break)
+    are not delimiters. One pass over the text: linear time, also for adversarial input.
+    """
+    tokens = list(_BLOCK_TOKEN.finditer(text))
+    closers: dict[str, list[int]] = {"\\[": [], "\\]": [], "$$": []}  # token indices of each, for the next one
+    env_end: dict[int, int] = {}  # \begin token index -> its \end token index
+    open_envs: dict[str, list[int]] = {}
+    for k, m in enumerate(tokens):
+        if m.group("math") in closers:
+            closers[m.group("math")].append(k)
+        elif m.group("env") == "begin":
+            open_envs.setdefault(m.group("name"), []).append(k)
+        elif m.group("env") == "end" and open_envs.get(m.group("name")):
+            env_end[open_envs[m.group("name")].pop()] = k
+
+    def next_closer(delim: str, k: int) -> int | None:
+        at = closers[delim]
+        j = bisect_right(at, k)
+        return at[j] if j < len(at) else None
+
+    spans: list[tuple[int, int]] = []
+    inline = False  # inside $...$ math
+    k = 0
+    while k < len(tokens):
+        m = tokens[k]
+        close: int | None = None
+        if m.group("fence"):
+            fence, info = m.group("fence"), m.group("info")
+            if fence[0] != "`" or "`" not in info:
+                j = k + 1
+                while j < len(tokens) and close is None:
+                    f = tokens[j].group("fence")
+                    if f and f[0] == fence[0] and len(f) >= len(fence) and not tokens[j].group("info").strip():
+                        close = j
+                    j += 1
+                if close is None:  # an unclosed fence holds the rest of the text
+                    spans.append((m.start(), len(text)))
+                    break
+        elif m.group("math") == "\\[":
+            close = next_closer("\\]", k)
+            reopened = next_closer("\\[", k)
+            if close is not None and reopened is not None and reopened < close:
+                close = None  # "\[" inside display math is not TeX: this one was left open
+        elif m.group("math") == "$$" and not inline:
+            close = next_closer("$$", k)
+        elif m.group("math") == "$":
+            inline = not inline
+        elif m.group("env") == "begin":
+            close = env_end.get(k)
+        elif m.group() == "\n":
+            inline = False
+        if close is None:
+            k += 1
+        else:
+            spans.append((m.start(), tokens[close].end()))
+            inline, k = False, close + 1
+    return spans
+
+
+def _outside(matches, spans: list[tuple[int, int]]) -> list[re.Match]:
+    """The separator matches (in text order) that do not cut into a block span: a match that only touches
+    a span's edge is kept; a zero-width match (a lookahead) strictly inside a span is dropped."""
+    kept, j = [], 0
+    for m in matches:
+        start, end = m.span()
+        while j < len(spans) and spans[j][1] <= start:  # spans ending before this match cannot be cut
+            j += 1
+        if j < len(spans) and (end > spans[j][0] if end > start else start > spans[j][0]):
+            continue
+        kept.append(m)
+    return kept
+
+
+def _between(text: str, cuts: list[re.Match]) -> list[str]:
+    """The pieces of ``text`` between the separator matches ``cuts`` (in order)."""
+    parts, prev = [], 0
+    for m in cuts:
+        parts.append(text[prev:m.start()])
+        prev = m.end()
+    parts.append(text[prev:])
+    return parts
 
 
 def split_steps(text: str, mode: str = "auto") -> tuple[list[str], str]:
@@ -24,27 +141,46 @@ def split_steps(text: str, mode: str = "auto") -> tuple[list[str], str]:
         ``step``: a new step at each ``Step k:`` marker, which stays in its step (separator ``"\n"``);
         text before the first marker is kept as a step.
         ``auto``: ``step`` if the text has ``Step 1:`` and ``Step 2:``, else ``blank`` if it has a blank
-        line, else ``newline``.
-        any other string: a regular expression matching the separators (recorded as ``"\n"``).
-    Steps are stripped of surrounding whitespace; empty steps are dropped.
+        line, else ``newline`` (markers and blank lines inside blocks do not count).
+        any other string: a regular expression matching the separators (recorded as ``"\n"``); what it
+        matches is dropped, its capture groups too.
+
+    In every mode, a separator inside a display-math or code block (``math_and_code_blocks``:
+    ``\[ ... \]``, ``$$ ... $$``, ``\begin{env} ... \end{env}``, a fenced code block) does not split:
+    the block stays whole in one step, blank lines and all. Steps are stripped of surrounding whitespace;
+    empty and whitespace-only pieces are dropped, never steps.
+
+    The contract with ``step_separator``: every step is a piece of the text, byte for byte (after CRLF ->
+    LF); ``join_steps(steps, sep)`` is the text in normalised form, where each separator with the
+    whitespace around it is replaced by ``sep`` and whitespace at the ends is dropped, and
+    ``render_prefix`` renders the prefixes of that form. The text comes back exactly when its steps
+    were already separated by ``sep`` alone.
+
+    Linear in the length of the text for the built-in modes.
 
     Raises:
-        ValueError: ``mode`` is not a known mode and not a valid regular expression.
+        ValueError: ``mode`` is not a known mode and not a valid regular expression, or a regular
+        expression that matches the empty string.
     """
     text = text.replace("\r\n", "\n")
+    blocks = math_and_code_blocks(text)
+    markers = None
     if mode == "auto":
-        if re.search(r"\bStep\s+1\s*:", text) and re.search(r"\bStep\s+2\s*:", text):
+        markers = _outside(_STEP_MARKER.finditer(text), blocks)
+        numbers = {m.group(1) for m in markers}
+        if "1" in numbers and "2" in numbers:
             mode = "step"
-        elif _BLANK_LINE.search(text):
+        elif _outside(_BLANK_LINE.finditer(text), blocks):
             mode = "blank"
         else:
             mode = "newline"
     if mode == "newline":
-        parts = text.split("\n")
+        parts = _between(text, _outside(_NEWLINE.finditer(text), blocks))
     elif mode == "blank":
-        parts = _BLANK_LINE.split(text)
+        parts = _between(text, _outside(_BLANK_LINE.finditer(text), blocks))
     elif mode == "step":
-        starts = [m.start() for m in _STEP_MARKER.finditer(text)]
+        markers = _outside(_STEP_MARKER.finditer(text), blocks) if markers is None else markers
+        starts = [m.start() for m in markers]
         parts = [text[i:j] for i, j in zip([0, *starts], [*starts, len(text)])]
     else:
         try:
@@ -55,7 +191,7 @@ def split_steps(text: str, mode: str = "auto") -> tuple[list[str], str]:
             raise ValueError(f"step split regex {mode[:60]!r} matches the empty string (it would split between "
                              "every character); give a separator that consumes text, or a lookahead such as "
                              "'(?=Step )'")
-        parts = pattern.split(text)
+        parts = _between(text, _outside(pattern.finditer(text), blocks))
     steps = [p.strip() for p in parts if p and p.strip()]
     return steps, _MODE_SEPARATORS.get(mode, "\n")
 

@@ -29,6 +29,7 @@ from stepkit import __version__
 from stepkit.errors import InputError
 from stepkit.grading.answers import extract_final_answer, extract_gsm8k_reference, strip_calculator_annotations
 from stepkit.grading.steps import check_split, split_steps
+from stepkit.grading.values import answer_text, json_integer
 from stepkit.options import Config, opt
 from stepkit.schema import PROBLEM_SCHEMA, REFERENCE_FIELDS, TRAJECTORY_SCHEMA, extend_schema
 from stepkit.shards import file_sha256, write_shard
@@ -92,7 +93,7 @@ def read_jsonl(path: Path) -> Iterator[tuple[int, dict]]:
             if not line.strip():
                 continue
             try:
-                obj = json.loads(line)
+                obj = json.loads(line, parse_int=json_integer)
             except json.JSONDecodeError as e:
                 raise InputError(path, f"not valid JSON ({e.msg})", row=i) from None
             if not isinstance(obj, dict):
@@ -121,18 +122,13 @@ def _steps_list(value: Any, path: Path, row: int, column: str) -> list[str]:
     return steps
 
 
-def _scalar_text(value: Any, path: Path, row: int, column: str) -> str | None:
-    """An answer value as text: strings as they are, numbers without exponent notation
-    (``1e-07`` would read as e - 7), else InputError."""
-    if value is None or isinstance(value, str):
-        return value
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise InputError(path, f"expected a string or number, found {type(value).__name__}", row=row, column=column)
-    if isinstance(value, int):
-        return str(value)
-    from decimal import Decimal
-
-    return format(Decimal(repr(value)).normalize(), "f")
+def _scalar_text(value: Any, path: Path, row: int, column: str, gold: bool = False) -> str | None:
+    """An answer value as text (:func:`stepkit.grading.values.answer_text`: strings as they are, numbers
+    without exponent notation; with ``gold``, NaN/Infinity refused), else InputError."""
+    try:
+        return answer_text(value, gold=gold)
+    except ValueError as e:
+        raise InputError(path, str(e), row=row, column=column) from None
 
 
 def ratings_to_labels(ratings: list, neutral_as: str = "positive") -> list[bool]:
@@ -281,7 +277,7 @@ class Ingester:
     # ---- ProcessBench --------------------------------------------------------------------------
     def _processbench(self):
         try:
-            data = json.loads(self.path.read_text())
+            data = json.loads(self.path.read_text(), parse_int=json_integer)
         except (OSError, json.JSONDecodeError) as e:
             raise InputError(self.path, f"not a readable ProcessBench JSON file ({e})") from None
         if not isinstance(data, list):
@@ -335,14 +331,14 @@ class Ingester:
         for f in files:
             if not f.exists():
                 continue
-            for _, obj in read_jsonl(f):
+            for i, obj in read_jsonl(f):
                 if "question" in obj and "answer" in obj:
                     try:
                         out[_norm(obj["question"])] = extract_gsm8k_reference(obj["answer"])
                     except ValueError:
                         pass
                 elif "problem" in obj and "answer" in obj:
-                    out[_norm(obj["problem"])] = str(obj["answer"])
+                    out[_norm(obj["problem"])] = _scalar_text(obj["answer"], f, i, "answer", gold=True)
         return out
 
     # ---- generic jsonl / parquet ---------------------------------------------------------------
@@ -366,7 +362,8 @@ class Ingester:
             else:
                 steps = _steps_list(raw, self.path, i, o.steps_col)
                 sep = "\n\n" if any("\n" in s for s in steps) else "\n"
-            ref = _scalar_text(obj.get(o.reference_col), self.path, i, o.reference_col) if o.reference_col else None
+            ref = (_scalar_text(obj.get(o.reference_col), self.path, i, o.reference_col, gold=True)
+                   if o.reference_col else None)
             final = (_scalar_text(obj.get(o.answer_col), self.path, i, o.answer_col) if o.answer_col
                      else extract_final_answer(sep.join(steps)))
             pid = (str(_need(obj, o.problem_id_col, self.path, i, (str, int))) if o.problem_id_col
