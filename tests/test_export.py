@@ -235,3 +235,54 @@ def test_out_never_replaces_inputs_or_other_folders(tmp_path):
     with pytest.raises(ConfigError, match="not a stepkit export"):
         export(inp, tmp_path / "other", ExportConfig(labels="mc_label"))
     assert (tmp_path / "other" / "notes.txt").read_text() == "mine"
+
+
+def test_flag_only_rows_are_left_out_and_cut_as_filter_would(tmp_path):
+    from stepkit.runner import run_stage
+    from stepkit.stages.filter import FilterConfig, FilterStage
+
+    rows = labelled(4)
+    inp = write(tmp_path / "in.parquet", rows)
+    rules = ("status:outcome_correct=True", "truncate-after-first-error:mc_label")
+    run_stage(FilterStage(FilterConfig(rule=rules, flag_only=True)), inp, tmp_path / "flag.parquet", progress=False)
+    run_stage(FilterStage(FilterConfig(rule=rules, dropped=str(tmp_path / "d.parquet"))), inp,
+              tmp_path / "real.parquet", progress=False)
+    a = export(tmp_path / "flag.parquet", tmp_path / "a", ExportConfig(labels="mc_label"))
+    b = export(tmp_path / "real.parquet", tmp_path / "b", ExportConfig(labels="mc_label"))
+    assert a["counts"]["filtered"] == sum(not r["outcome_correct"] for r in rows)
+    assert load(tmp_path / "a").to_list() == load(tmp_path / "b").to_list()  # flagging == filtering, exported
+
+
+def test_no_signal_rows_have_no_labels_whatever_their_values(tmp_path):
+    rows = labelled(2)
+    rows[0]["mc_status"], rows[0]["mc_value"] = "no_signal", [0.0] * len(rows[0]["steps"])
+    rows[1]["mc_status"] = "ok"
+    m = export(write(tmp_path / "in.parquet", rows), tmp_path / "out", ExportConfig(labels="mc_value"))
+    assert m["counts"]["null_labels"] == 1 and load(tmp_path / "out")["id"] == [rows[1]["id"]]
+
+
+def test_cut_rows_keep_correct_labels_and_processbench_refuses_them(tmp_path):
+    from stepkit.runner import run_stage
+    from stepkit.stages.filter import FilterConfig, FilterStage
+
+    rows = [r for r in labelled(6) if r["reference_first_error"] >= 1][:2]
+    inp = write(tmp_path / "in.parquet", rows)
+    cut = tmp_path / "cut.parquet"
+    run_stage(FilterStage(FilterConfig(rule=("keep-correct-steps:reference_first_error",),
+                                       dropped=str(tmp_path / "d.parquet"))), inp, cut, progress=False)
+    export(cut, tmp_path / "trl", ExportConfig(labels="reference_first_error"))
+    ds = load(tmp_path / "trl")
+    assert all(all(r["labels"]) for r in ds)  # every kept step is before the error
+    assert [len(r["labels"]) for r in ds] == [r["reference_first_error"] for r in rows]
+    with pytest.raises(InputError, match="processbench format describes whole solutions"):
+        export(cut, tmp_path / "pb", ExportConfig(format="processbench", labels="reference_first_error"))
+
+
+def test_the_same_export_again_is_up_to_date(tmp_path):
+    inp = write(tmp_path / "in.parquet", labelled(2))
+    export(inp, tmp_path / "out", ExportConfig(labels="mc_label"))
+    assert export(inp, tmp_path / "out", ExportConfig(labels="mc_label"))["status"] == "up to date"
+    p = run_cli("export", inp, tmp_path / "out", "--labels", "mc_label")
+    assert "is up to date" in p.stderr
+    with pytest.raises(ConfigError, match="use --force"):
+        export(inp, tmp_path / "out", ExportConfig(labels="mc_value"))

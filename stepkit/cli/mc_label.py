@@ -43,7 +43,8 @@ def _mc_tables(rows, console, figs, shards):
     cont = sum(sum(r.get("mc_rollouts") or []) for r in rows)
     for r in rows:
         for s, v in enumerate(r.get("mc_value") or []):
-            if v is not None and s < len(r["steps"]) - 1:  # the last value is the graded outcome
+            # the last value is the graded outcome (unless filter cut the steps before the answer)
+            if v is not None and (s < len(r["steps"]) - 1 or r.get("filter_cut_by")):
                 by_pos.setdefault(s, []).append(v)
     t = Table(title="MC value by step position (estimated prefixes; last step = outcome excluded)")
     for c in ("step", "n", "mean value", "share == 0", "share == 1"):
@@ -100,7 +101,7 @@ def _value_style(v) -> str:
 def _step_cells(row, s):
     v = row["mc_value"][s]
     est = (row.get("mc_estimated") or [True] * len(row["steps"]))[s]
-    last = s == len(row["steps"]) - 1
+    last = s == len(row["steps"]) - 1 and not row.get("filter_cut_by")  # a cut row ends before its outcome
     lab = row["mc_label"][s] if row.get("mc_label") else None
     cells = ["outcome" if last else f"{row['mc_successes'][s]}/{row['mc_rollouts'][s]}",
              str(row["mc_truncated"][s]), _fmt(v), _fmt(row["mc_progress"][s]),

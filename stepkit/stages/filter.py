@@ -435,7 +435,8 @@ class FilterStage(Stage):
             meta = {"filter_reason": reason[i][0] if reason[i] else None,
                     "filter_rule": reason[i][1] if reason[i] else None,
                     "filter_steps_before": before if before is not None else len(r["steps"]),
-                    "filter_kept_steps": len(views[i]["steps"]), "filter_cut_by": cut_by[i]}
+                    "filter_kept_steps": len(views[i]["steps"]),
+                    "filter_cut_by": cut_by[i] or r.get("filter_cut_by")}  # an earlier filter's cut is kept
             if reason[i] is None:
                 out = {**(r if cfg.flag_only else views[i]), **meta}
                 _check_lengths(out, step_cols)

@@ -33,8 +33,8 @@ import pyarrow.parquet as pq
 
 from stepkit.errors import ConfigError, StepkitError
 from stepkit.options import Config, opt
-from stepkit.stages import dataset_card
 from stepkit.shards import write_json
+from stepkit.stages import dataset_card
 from stepkit.stages.export import MANIFEST, read_export_manifest
 
 RETRY_STATUS = {408, 412, 429, 500, 502, 503, 504}
