@@ -248,7 +248,7 @@ def test_flag_only_rows_are_left_out_and_cut_as_filter_would(tmp_path):
     run_stage(FilterStage(FilterConfig(rule=rules, dropped=str(tmp_path / "d.parquet"))), inp,
               tmp_path / "real.parquet", progress=False)
     a = export(tmp_path / "flag.parquet", tmp_path / "a", ExportConfig(labels="mc_label"))
-    b = export(tmp_path / "real.parquet", tmp_path / "b", ExportConfig(labels="mc_label"))
+    export(tmp_path / "real.parquet", tmp_path / "b", ExportConfig(labels="mc_label"))
     assert a["counts"]["filtered"] == sum(not r["outcome_correct"] for r in rows)
     assert load(tmp_path / "a").to_list() == load(tmp_path / "b").to_list()  # flagging == filtering, exported
 
