@@ -23,6 +23,20 @@ class InputError(StepkitError):
         self.path, self.row, self.column = path, row, column
 
 
+def parse_failure(e: BaseException) -> str:
+    """Why a JSON or YAML parser refused a document, in words, for the parser errors that are not its own
+    decode errors: Python's limit on digits of an integer (``ValueError``), nesting deeper than the
+    interpreter's recursion limit (``RecursionError``); anything else by its first line."""
+    import sys
+
+    if isinstance(e, RecursionError):
+        return "nested too deeply"
+    text = str(e)
+    if isinstance(e, ValueError) and "integer string conversion" in text:
+        return f"an integer of more than {sys.get_int_max_str_digits()} digits"
+    return text.splitlines()[0] if text else type(e).__name__
+
+
 class ConfigError(StepkitError):
     """A configuration problem: unknown model, changed configuration without --force, bad flag combination."""
 
