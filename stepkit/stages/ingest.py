@@ -14,11 +14,20 @@ Formats:
   given with ``--answers``), else from another row of the same problem whose final answer is marked
   correct.
 * ``jsonl`` / ``parquet``: any rows, with column-mapping options.
+
+Reading: FILE (and each answers file) is read once, as a stream of lines (JSON Lines) or whole
+(ProcessBench JSON, Parquet), and the sha256 in the manifest is of exactly the bytes read, so a pipe
+(``<(zcat x.gz)``, a named FIFO) works. A file that cannot be read is one
+:class:`~stepkit.errors.InputError` naming the file and the row (0-based: the line of a JSON Lines file,
+the element of a JSON list): invalid UTF-8 (with its byte offset), JSON that ``json`` refuses (bad syntax,
+an integer of more than 4,300 digits, nesting deeper than the recursion limit), a lone UTF-16 surrogate.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -26,12 +35,12 @@ from pathlib import Path
 from typing import Any
 
 from stepkit import __version__
-from stepkit.errors import InputError
+from stepkit.errors import InputError, parse_failure
 from stepkit.grading.answers import extract_final_answer, extract_gsm8k_reference, strip_calculator_annotations
 from stepkit.grading.steps import check_split, split_steps
 from stepkit.options import Config, opt
 from stepkit.schema import PROBLEM_SCHEMA, REFERENCE_FIELDS, TRAJECTORY_SCHEMA, extend_schema
-from stepkit.shards import file_sha256, write_shard
+from stepkit.shards import write_shard
 
 FORMATS = ("gsm8k", "gsm8k-solutions", "processbench", "jsonl", "parquet")
 GSM8K_GENERATORS = ("6b_finetuning", "6b_verification", "175b_finetuning", "175b_verification")
@@ -72,32 +81,138 @@ class IngestOptions(Config):
         check_split(self.split)
 
 
-def read_jsonl(path: Path) -> Iterator[tuple[int, dict]]:
-    """Yield ``(line_index, object)``; a bad line raises InputError naming the file and row."""
+# A \u escape of a UTF-16 surrogate: only these can give a string that is not encodable as UTF-8.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+_JSON_SPACE = re.compile(r"[ \t\n\r]*")
+_JSON = json.JSONDecoder()  # the one decoder of JSON Lines rows and ProcessBench list elements
+
+
+def _check_encodable(obj: Any, path: Path, row: int) -> None:
+    """Raise InputError for the first string of ``obj`` with a lone surrogate (``"\\ud800"`` in JSON), which
+    no UTF-8 file can hold, naming its top-level key as the column."""
+    stack: list[tuple[Any, Any]] = [(obj, None)]
+    while stack:
+        value, column = stack.pop()
+        if isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError as e:
+                raise InputError(path, f"a lone surrogate \\u{ord(value[e.start]):04x} in a string (not encodable "
+                                       "as UTF-8)", row=row, column=column) from None
+        elif isinstance(value, dict):
+            for k, v in value.items():
+                stack.append((k, column))
+                stack.append((v, k if column is None else column))
+        elif isinstance(value, list):
+            stack.extend((v, column) for v in value)
+
+
+def _loads(text: str, path: Path, row: int) -> Any:
+    """``json.loads(text)``, every refusal an InputError naming ``path`` and ``row``."""
     try:
-        f = open(path, encoding="utf-8")
+        obj = _JSON.decode(text)
+    except json.JSONDecodeError as e:
+        raise InputError(path, f"not valid JSON ({e.msg} at character {e.pos})", row=row) from None
+    except (ValueError, RecursionError) as e:  # an integer over the digit limit, nesting too deep
+        raise InputError(path, f"not valid JSON ({parse_failure(e)})", row=row) from None
+    if _SURROGATE_ESCAPE.search(text):
+        _check_encodable(obj, path, row)
+    return obj
+
+
+def _json_type(value: Any) -> str:
+    return {dict: "an object", list: "a list", str: "a string", bool: "true/false", type(None): "null"}.get(
+        type(value), "a number")
+
+
+def read_jsonl(path: Path, digest=None) -> Iterator[tuple[int, dict]]:
+    """Yield ``(line_index, object)`` for each non-blank line of a JSON Lines file, reading it once.
+
+    ``digest`` (a :mod:`hashlib` object) is updated with every byte read, so once the iterator is exhausted
+    it is the file's hash (a pipe can be read only once).
+
+    Raises:
+        InputError: the file cannot be read; a line is not UTF-8 (naming its byte in the line and in the
+            file), not valid JSON, not an object, or holds a lone surrogate; always naming file and row.
+    """
+    try:
+        f = open(path, "rb")
     except OSError as e:
         raise InputError(path, e.strerror or str(e)) from None
     with f:
-        lines = iter(f)
-        i = -1
+        i, offset = -1, 0
         while True:
             try:
-                line = next(lines)
-            except StopIteration:
+                raw = f.readline()
+            except OSError as e:
+                raise InputError(path, f"cannot read after row {i} ({e.strerror or e})") from None
+            if not raw:
                 break
-            except UnicodeDecodeError as e:
-                raise InputError(path, f"not UTF-8 text ({e.reason} at byte {e.start} of row {i + 1})") from None
             i += 1
+            if digest is not None:
+                digest.update(raw)
+            start, offset = offset, offset + len(raw)
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                where = f"at byte {e.start} of the row, byte {start + e.start} of the file"
+                raise InputError(path, f"not UTF-8 text ({e.reason} 0x{raw[e.start]:02x} {where})", row=i) from None
+            if i == 0:
+                line = line.removeprefix("\ufeff")  # a byte order mark
             if not line.strip():
                 continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise InputError(path, f"not valid JSON ({e.msg})", row=i) from None
+            obj = _loads(line, path, i)
             if not isinstance(obj, dict):
-                raise InputError(path, "expected a JSON object", row=i)
+                raise InputError(path, f"expected a JSON object, found {_json_type(obj)}", row=i)
             yield i, obj
+
+
+def _read_whole(path: Path) -> bytes:
+    """All bytes of ``path``, read once (a pipe works)."""
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as e:
+        raise InputError(path, f"cannot read ({e.strerror or e})") from None
+
+
+def _json_list(text: str, path: Path) -> Iterator[tuple[int, Any]]:
+    """Yield ``(index, element)`` of the JSON list ``text``, parsing one element at a time so that any
+    refusal (bad syntax, an integer over the digit limit, deep nesting, a lone surrogate) names its row."""
+    i = _JSON_SPACE.match(text).end()
+    if not text.startswith("[", i):
+        raise InputError(path, "expected a JSON list of ProcessBench rows")
+
+    def where(pos: int) -> str:
+        line = text.count("\n", 0, pos) + 1
+        return f"line {line}, character {pos - (text.rfind(chr(10), 0, pos) + 1) + 1}"
+
+    i = _JSON_SPACE.match(text, i + 1).end()
+    row = 0
+    if text.startswith("]", i):
+        end = i
+    else:
+        while True:
+            try:
+                obj, end = _JSON.raw_decode(text, i)
+            except json.JSONDecodeError as e:
+                raise InputError(path, f"not valid JSON ({e.msg} at {where(e.pos)})", row=row) from None
+            except (ValueError, RecursionError) as e:
+                raise InputError(path, f"not valid JSON ({parse_failure(e)})", row=row) from None
+            if _SURROGATE_ESCAPE.search(text, i, end):
+                _check_encodable(obj, path, row)
+            yield row, obj
+            i = _JSON_SPACE.match(text, end).end()
+            if text.startswith(",", i):
+                i, row = _JSON_SPACE.match(text, i + 1).end(), row + 1
+                continue
+            if text.startswith("]", i):
+                end = i
+                break
+            raise InputError(path, f"not valid JSON (expected ',' or ']' after the row, at {where(i)})", row=row)
+    rest = _JSON_SPACE.match(text, end + 1).end()
+    if rest < len(text):
+        raise InputError(path, f"not valid JSON (extra data after the list, at {where(rest)})")
 
 
 def _need(obj: dict, key: str, path: Path, row: int, types: type | tuple = object) -> Any:
@@ -182,6 +297,8 @@ class Ingester:
     def __init__(self, fmt: str, path: Path, opts: IngestOptions, checker):
         self.fmt, self.path, self.opts, self.checker = fmt, Path(path), opts, checker
         self.counts: dict[str, int] = {}
+        self.sha256: str | None = None  # of the bytes read from FILE
+        self.answer_files: list[dict[str, str]] = []  # the answers files read: path and sha256
 
     def count(self, key: str, n: int = 1) -> None:
         self.counts[key] = self.counts.get(key, 0) + n
@@ -190,6 +307,19 @@ class Ingester:
         fn = {"gsm8k": self._gsm8k, "gsm8k-solutions": self._gsm8k_solutions,
               "processbench": self._processbench, "jsonl": self._generic, "parquet": self._generic}[self.fmt]
         return fn()
+
+    def _jsonl(self) -> list[tuple[int, dict]]:
+        """Every record of FILE as JSON Lines, read once (hash recorded)."""
+        digest = hashlib.sha256()
+        items = list(read_jsonl(self.path, digest))
+        self.sha256 = digest.hexdigest()
+        return items
+
+    def _whole(self) -> bytes:
+        """FILE's bytes, read once (hash recorded)."""
+        data = _read_whole(self.path)
+        self.sha256 = hashlib.sha256(data).hexdigest()
+        return data
 
     def _take(self, items):
         """Records ``skip .. skip + limit`` of the enumerated ``items``, then, with ``sample``, a random
@@ -207,7 +337,7 @@ class Ingester:
     # ---- gsm8k problems -----------------------------------------------------------------------
     def _gsm8k(self):
         rows = []
-        for i, obj in self._take(list(read_jsonl(self.path))):
+        for i, obj in self._take(self._jsonl()):
             q, a = _need(obj, "question", self.path, i, str), _need(obj, "answer", self.path, i, str)
             try:
                 ref = extract_gsm8k_reference(a)
@@ -224,7 +354,7 @@ class Ingester:
     def _gsm8k_solutions(self):
         gens = self.opts.generators or GSM8K_GENERATORS
         rows, pairs = [], []
-        for i, obj in self._take(list(read_jsonl(self.path))):
+        for i, obj in self._take(self._jsonl()):
             q = _need(obj, "question", self.path, i, str)
             gt = _need(obj, "ground_truth", self.path, i, str)
             ref = extract_final_answer(strip_calculator_annotations(gt))
@@ -280,12 +410,13 @@ class Ingester:
 
     # ---- ProcessBench --------------------------------------------------------------------------
     def _processbench(self):
+        raw = self._whole()
         try:
-            data = json.loads(self.path.read_text())
-        except (OSError, json.JSONDecodeError) as e:
-            raise InputError(self.path, f"not a readable ProcessBench JSON file ({e})") from None
-        if not isinstance(data, list):
-            raise InputError(self.path, "expected a JSON list of ProcessBench rows")
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise InputError(self.path, f"not UTF-8 text ({e.reason} 0x{raw[e.start]:02x} at byte {e.start} of the "
+                                        "file)", row=_row_at(raw[:e.start].decode("utf-8"), self.path)) from None
+        data = [obj for _, obj in _json_list(text.removeprefix("\ufeff"), self.path)]
         answers = self._reference_answers()
         by_problem: dict[str, str] = {}
         for i, obj in enumerate(data):
@@ -335,7 +466,8 @@ class Ingester:
         for f in files:
             if not f.exists():
                 continue
-            for _, obj in read_jsonl(f):
+            digest = hashlib.sha256()
+            for _, obj in read_jsonl(f, digest):
                 if "question" in obj and "answer" in obj:
                     try:
                         out[_norm(obj["question"])] = extract_gsm8k_reference(obj["answer"])
@@ -343,17 +475,31 @@ class Ingester:
                         pass
                 elif "problem" in obj and "answer" in obj:
                     out[_norm(obj["problem"])] = str(obj["answer"])
+            self.answer_files.append({"path": str(f), "sha256": digest.hexdigest()})
         return out
 
     # ---- generic jsonl / parquet ---------------------------------------------------------------
+    def _parquet(self) -> tuple[list[tuple[int, dict]], list[str]]:
+        """Every row of FILE as Parquet (read once) and its column names."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        data = self._whole()
+        try:
+            pf = pq.ParquetFile(pa.BufferReader(data))
+        except (pa.ArrowException, OSError) as e:
+            raise InputError(self.path, f"not a readable Parquet file ({str(e).splitlines()[0]})") from None
+        rows: list[dict] = []
+        try:
+            for batch in pf.iter_batches(batch_size=1024):
+                rows.extend(batch.to_pylist())
+        except (pa.ArrowException, OSError) as e:
+            raise InputError(self.path, f"cannot read rows after row {len(rows)} ({str(e).splitlines()[0]})") from None
+        return list(enumerate(rows)), list(pf.schema_arrow.names)
+
     def _generic(self):
         o = self.opts
-        if self.fmt == "parquet":
-            from stepkit.shards import read_rows
-
-            items = list(enumerate(read_rows(self.path)))
-        else:
-            items = list(read_jsonl(self.path))
+        items = self._parquet()[0] if self.fmt == "parquet" else self._jsonl()
         rows, pairs = [], []
         seen_ids: set[str] = set()
         for i, obj in self._take(items):
@@ -404,6 +550,16 @@ class Ingester:
         return rows, TRAJ_SCHEMA_WITH_REFS
 
 
+def _row_at(prefix: str, path: Path) -> int | None:
+    """The row of a JSON list that ``prefix`` (the text before some position) ends in."""
+    try:
+        for _ in _json_list(prefix, path):
+            pass
+    except InputError as e:
+        return e.row
+    return None
+
+
 def _norm(text: str) -> str:
     return " ".join(str(text).split()).lower()
 
@@ -434,11 +590,13 @@ def ingest(fmt: str, path: str | Path, out: str | Path, opts: IngestOptions, che
     if not rows:
         raise InputError(path, "no records to ingest" + (" after --skip" if opts.skip else ""))
     opt_doc = {k: v for k, v in vars(opts).items() if v not in (None, (), {}, "")}
+    source = {"path": str(path), "sha256": ing.sha256}
+    if ing.answer_files:
+        source["answers"] = ing.answer_files
     manifest = {"stage": "ingest", "stepkit_version": __version__,
                 "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                 "config": {"format": fmt, "options": opt_doc, "grader": checker_settings},
-                "input": {"path": str(path), "sha256": file_sha256(path)},
-                "counts": {"rows": len(rows), **ing.counts}}
+                "input": source, "counts": {"rows": len(rows), **ing.counts}}
     try:
         write_shard(out, rows, schema, manifest, source=path)
     except OSError as e:
