@@ -210,7 +210,7 @@ def test_processbench_malformed_rows(tmp_path, checker):
     assert rows[1]["reference_first_error"] is None and rows[1]["reference_status"].startswith("inconsistent")
     for bad, msg in (({"steps": "1+1=2"}, "expected a list of strings"), ({"steps": []}, "empty steps"),
                      ({"problem": 5}, "expected str")):
-        src.write_text(json.dumps([good, {**good, **bad}]))
+        src.write_text(json.dumps([good, {**good, "id": "g-1", **bad}]))
         with pytest.raises(InputError, match=rf"row 1, column '\w+': {msg}"):
             ingest("processbench", src, tmp_path / "o.parquet", IngestOptions(), checker, checker_settings())
 

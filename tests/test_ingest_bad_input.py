@@ -11,10 +11,11 @@ import subprocess
 import sys
 import threading
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from stepkit.errors import InputError
+from stepkit.errors import ConfigError, InputError
 from stepkit.grading.verify import checker_settings
 from stepkit.stages.ingest import IngestOptions, ingest
 from tests.conftest import DATA, run_cli
@@ -49,6 +50,157 @@ def pb_rows(n=3):
 
 def run(fmt, src, out, checker, **opts):
     return ingest(fmt, src, out, IngestOptions(**opts), checker, checker_settings())
+
+
+# ---- D1: every --*-col flag names an existing column -------------------------------------------------
+COL_FLAGS = ["prompt_col", "steps_col", "answer_col", "reference_col", "id_col", "problem_id_col", "labels_col",
+             "first_error_col"]
+
+
+@pytest.mark.parametrize("field", COL_FLAGS)
+def test_a_col_flag_naming_no_column_is_refused(tmp_path, checker, field):
+    src = write_jsonl(tmp_path / "math500.jsonl", math500_rows())
+    flag = "--" + field.replace("_", "-")
+    with pytest.raises(InputError) as e:
+        run("jsonl", src, tmp_path / "o.parquet", checker, **{**MATH_COLS, field: "anwser"})
+    assert str(e.value) == (f"{src}: column 'anwser': {flag} names no column of the file "
+                            "(its columns: problem, solution, answer, subject, level)")
+    assert not (tmp_path / "o.parquet").exists()
+
+
+def test_a_col_flag_naming_no_parquet_column_is_refused(tmp_path, checker):
+    src = tmp_path / "math500.parquet"
+    pq.write_table(pa.Table.from_pylist(math500_rows()), src)
+    run("parquet", src, tmp_path / "ok.parquet", checker, **MATH_COLS)  # the right names work
+    assert all(r["outcome_correct"] is not None for r in rows_of(tmp_path / "ok.parquet"))
+    with pytest.raises(InputError, match=r"math500.parquet: column 'gold': --reference-col names no column of the "
+                                         r"file \(its columns: problem, solution, answer, subject, level\)"):
+        run("parquet", src, tmp_path / "o.parquet", checker, **{**MATH_COLS, "reference_col": "gold"})
+
+
+def test_a_row_without_a_named_column_is_refused_but_null_is_no_value(tmp_path, checker):
+    recs = math500_rows()
+    recs[2]["answer"] = None  # a null reference: that row is not graded
+    src = write_jsonl(tmp_path / "m.jsonl", recs)
+    run("jsonl", src, tmp_path / "o.parquet", checker, **MATH_COLS)
+    rows = rows_of(tmp_path / "o.parquet")
+    assert rows[2]["reference_answer"] is None and rows[2]["outcome_correct"] is None
+    assert rows[1]["outcome_correct"] is not None
+    del recs[3]["answer"]  # a row that lacks the column is a broken row, not an ungraded one
+    write_jsonl(src, recs)
+    with pytest.raises(InputError, match=r"m.jsonl: row 3, column 'answer': missing \(named by --reference-col; "
+                                         r"the row has: problem, solution, subject, level\)"):
+        run("jsonl", src, tmp_path / "o.parquet", checker, **MATH_COLS)
+
+
+# ---- D6: a long gold answer is never cut ---------------------------------------------------------------
+BIG = "7" * 2000  # longer than the 1,000 characters an answer phrase of model output is read for
+
+
+def test_gsm8k_long_gold_answer_is_kept_whole(tmp_path, checker):
+    objs = [json.loads(x) for x in real_lines(GSM8K, 3)]
+    objs[1]["answer"] = objs[1]["answer"].rsplit("####", 1)[0] + "#### " + BIG
+    objs[2]["answer"] = objs[2]["answer"].rsplit("####", 1)[0] + "#### 1,234,567"
+    run("gsm8k", write_jsonl(tmp_path / "test.jsonl", objs), tmp_path / "o.parquet", checker)
+    assert [r["reference_answer"] for r in rows_of(tmp_path / "o.parquet")] == ["18", BIG, "1234567"]
+
+
+def test_gsm8k_solutions_long_gold_answer_is_kept_whole(tmp_path, checker):
+    objs = [json.loads(x) for x in real_lines(SOLUTIONS, 2)]
+    objs[1]["ground_truth"] = objs[1]["ground_truth"].rsplit("A:", 1)[0] + "A: " + BIG
+    m = run("gsm8k-solutions", write_jsonl(tmp_path / "s.jsonl", objs), tmp_path / "o.parquet", checker)
+    rows = rows_of(tmp_path / "o.parquet")
+    assert {r["reference_answer"] for r in rows[4:]} == {BIG} and rows[0]["reference_answer"] == "18"
+    assert all(r["outcome_correct"] is False for r in rows[4:])  # graded against the whole number
+    assert "reference: unusable" not in m["counts"]
+
+
+def test_long_gold_text_that_cannot_be_read_whole_is_refused(tmp_path, checker):
+    objs = [json.loads(x) for x in real_lines(GSM8K, 2)]
+    objs[1]["answer"] += " " + "x + " * 400  # a 1,600-character line after '####' that is not a number
+    with pytest.raises(InputError, match=r"test.jsonl: row 1, column 'answer': the answer after '####' is \d+ "
+                                         r"characters of text"):
+        run("gsm8k", write_jsonl(tmp_path / "test.jsonl", objs), tmp_path / "o.parquet", checker)
+
+
+# ---- D8: processbench --answers values ------------------------------------------------------------------
+def _pb_and_answers(tmp_path, answer_values):
+    """ProcessBench gsm8k rows 0-2 (GSM8K test problems 193, 734, 1180) in a folder with no GSM8K/MATH-500
+    siblings, and an --answers file with those problems and the given answer values."""
+    (tmp_path / "pb").mkdir()
+    pb = tmp_path / "pb" / "gsm8k.json"
+    pb.write_text(json.dumps(pb_rows()))
+    gsm = GSM8K.read_text().splitlines()
+    qs = [json.loads(gsm[i])["question"] for i in (193, 734, 1180)]
+    answers = write_jsonl(tmp_path / "answers.jsonl", [{"question": q, "answer": a} for q, a in zip(qs, answer_values)])
+    return pb, answers
+
+
+def test_processbench_numeric_answers_are_gold_text(tmp_path, checker):
+    gold = [json.loads(GSM8K.read_text().splitlines()[i])["answer"].rsplit("####", 1)[1].strip() for i in (193, 734, 1180)]
+    pb, answers = _pb_and_answers(tmp_path, [int(gold[0]), float(gold[1]), f"Some work.\n#### {gold[2]}"])
+    m = run("processbench", pb, tmp_path / "o.parquet", checker, answers=(str(answers),))
+    assert [r["reference_answer"] for r in rows_of(tmp_path / "o.parquet")] == gold
+    assert m["counts"]["reference: matched problem text"] == 3
+
+
+@pytest.mark.parametrize("bad, found", [(None, "found null"), ([1, 2], "found a list"),
+                                        (True, "found true/false"), ("no marker", "no '#### N' final answer line")])
+def test_processbench_unusable_answers_are_refused(tmp_path, checker, bad, found):
+    pb, answers = _pb_and_answers(tmp_path, ["#### 1", bad, "#### 3"])
+    with pytest.raises(InputError, match=rf"answers.jsonl: row 1, column 'answer': .*{found}"):
+        run("processbench", pb, tmp_path / "o.parquet", checker, answers=(str(answers),))
+
+
+def test_processbench_answers_rows_need_a_problem_and_an_answer(tmp_path, checker):
+    pb, answers = _pb_and_answers(tmp_path, ["#### 1", "#### 2", "#### 3"])
+    answers.write_text(answers.read_text() + json.dumps({"query": "What?", "answer": "1"}) + "\n")
+    with pytest.raises(InputError, match=r"answers.jsonl: row 3: expected 'question' and 'answer' \(GSM8K\) or "
+                                         r"'problem' and 'answer' \(MATH-500\); the row has: query, answer"):
+        run("processbench", pb, tmp_path / "o.parquet", checker, answers=(str(answers),))
+
+
+# ---- D9: ids and prompts that later stages reject are refused at ingest --------------------------------
+@pytest.mark.parametrize("edit, msg", [
+    ({"id": "gsm8k-0"}, r"row 2, column 'id': duplicate id 'gsm8k-0' \(also row 0\)"),
+    ({"id": ""}, r"row 2, column 'id': empty"),
+    ({"id": "  "}, r"row 2, column 'id': empty"),
+    ({"problem": " \n "}, r"row 2, column 'problem': empty"),
+])
+def test_processbench_bad_ids_and_prompts_are_refused(tmp_path, checker, edit, msg):
+    rows = pb_rows()
+    rows[2].update(edit)
+    src = tmp_path / "gsm8k.json"
+    src.write_text(json.dumps(rows))
+    with pytest.raises(InputError, match=rf"gsm8k.json: {msg}"):
+        run("processbench", src, tmp_path / "o.parquet", checker)
+    assert not (tmp_path / "o.parquet").exists()
+
+
+def test_a_repeated_generator_is_refused():
+    with pytest.raises(ConfigError, match="--generator 6b_finetuning is given twice"):
+        IngestOptions(generators=("6b_finetuning", "175b_verification", "6b_finetuning"))
+
+
+@pytest.mark.parametrize("edit, msg", [
+    ({"uid": ""}, r"row 1, column 'uid': empty"),
+    ({"uid": "math500-0"}, r"row 1, column 'uid': duplicate id 'math500-0' \(also row 0\)"),
+    ({"problem": "   "}, r"row 1, column 'problem': empty"),
+    ({"subject": ""}, r"row 1, column 'subject': empty"),
+])
+def test_jsonl_bad_ids_and_prompts_are_refused(tmp_path, checker, edit, msg):
+    recs = [{**r, "uid": f"math500-{i}"} for i, r in enumerate(math500_rows(3))]
+    recs[1].update(edit)
+    src = write_jsonl(tmp_path / "m.jsonl", recs)
+    with pytest.raises(InputError, match=rf"m.jsonl: {msg}"):
+        run("jsonl", src, tmp_path / "o.parquet", checker, **MATH_COLS, id_col="uid", problem_id_col="subject")
+
+
+def test_gsm8k_blank_question_is_refused(tmp_path, checker):
+    objs = [json.loads(x) for x in real_lines(GSM8K, 3)]
+    objs[2]["question"] = "\t"
+    with pytest.raises(InputError, match=r"test.jsonl: row 2, column 'question': empty"):
+        run("gsm8k", write_jsonl(tmp_path / "test.jsonl", objs), tmp_path / "o.parquet", checker)
 
 
 # ---- D11: a pipe is read once, and its hash is of what was read ---------------------------------------

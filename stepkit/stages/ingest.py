@@ -17,34 +17,45 @@ Formats:
 
 Reading: FILE (and each answers file) is read once, as a stream of lines (JSON Lines) or whole
 (ProcessBench JSON, Parquet), and the sha256 in the manifest is of exactly the bytes read, so a pipe
-(``<(zcat x.gz)``, a named FIFO) works. A file that cannot be read is one
-:class:`~stepkit.errors.InputError` naming the file and the row (0-based: the line of a JSON Lines file,
-the element of a JSON list): invalid UTF-8 (with its byte offset), JSON that ``json`` refuses (bad syntax,
-an integer of more than 4,300 digits, nesting deeper than the recursion limit), a lone UTF-16 surrogate.
+(``<(zcat x.gz)``, a named FIFO) works. Gold answers written on a marker line (``#### N``, ``A: N``) are
+read whole, never with the length bound meant for model output.
+
+Bad input is one :class:`~stepkit.errors.InputError` naming the file, the row (0-based: the line of a JSON
+Lines file, the element of a JSON list, the row of a Parquet file) and the column: invalid UTF-8 (with its
+byte offset), JSON that ``json`` refuses (bad syntax, an integer of more than 4,300 digits, nesting deeper
+than the recursion limit), a lone UTF-16 surrogate, a column that a ``--*-col`` option names and the file
+lacks, an empty or repeated id, a blank prompt. So a shard that ingest writes is one every later stage
+reads.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from stepkit import __version__
-from stepkit.errors import InputError, parse_failure
+from stepkit.errors import ConfigError, InputError, parse_failure
+from stepkit.grading.answers import _MAX_PHRASE as ANSWER_PHRASE_CHARS
 from stepkit.grading.answers import extract_final_answer, extract_gsm8k_reference, strip_calculator_annotations
 from stepkit.grading.steps import check_split, split_steps
-from stepkit.options import Config, opt
+from stepkit.options import Config, flag_of, opt
 from stepkit.schema import PROBLEM_SCHEMA, REFERENCE_FIELDS, TRAJECTORY_SCHEMA, extend_schema
 from stepkit.shards import write_shard
 
 FORMATS = ("gsm8k", "gsm8k-solutions", "processbench", "jsonl", "parquet")
+GENERIC = ("jsonl", "parquet")
 GSM8K_GENERATORS = ("6b_finetuning", "6b_verification", "175b_finetuning", "175b_verification")
 TRAJ_SCHEMA_WITH_REFS = extend_schema(TRAJECTORY_SCHEMA, REFERENCE_FIELDS)
+COLUMN_OPTIONS = ("prompt_col", "steps_col", "answer_col", "reference_col", "id_col", "problem_id_col",
+                  "labels_col", "first_error_col")
+"""The options that name a column of a jsonl/parquet file: each must name one the file has."""
 
 
 @dataclass(frozen=True)
@@ -52,7 +63,8 @@ class IngestOptions(Config):
     """Options of ``stepkit ingest`` (column names refer to the source file for jsonl/parquet).
 
     Raises:
-        ConfigError: a value out of range, an unknown split mode or a missing ``--answers`` file.
+        ConfigError: a value out of range, an unknown split mode, a missing ``--answers`` file or a
+            generator given twice.
     """
 
     limit: int | None = opt(None, "Take at most N records.", min=1)
@@ -79,12 +91,20 @@ class IngestOptions(Config):
     def __post_init__(self):
         super().__post_init__()
         check_split(self.split)
+        twice = sorted({g for g in self.generators if self.generators.count(g) > 1})
+        if twice:  # the rows of a generator would come out twice, with the same ids
+            raise ConfigError(f"--generator {twice[0]} is given twice")
 
 
 # A \u escape of a UTF-16 surrogate: only these can give a string that is not encodable as UTF-8.
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
 _JSON_SPACE = re.compile(r"[ \t\n\r]*")
 _JSON = json.JSONDecoder()  # the one decoder of JSON Lines rows and ProcessBench list elements
+
+
+def _names(obj: dict, limit: int = 30) -> str:
+    names = [str(k) for k in list(obj)[:limit]]
+    return ", ".join(names) + (", ..." if len(obj) > limit else "")
 
 
 def _check_encodable(obj: Any, path: Path, row: int) -> None:
@@ -215,15 +235,53 @@ def _json_list(text: str, path: Path) -> Iterator[tuple[int, Any]]:
         raise InputError(path, f"not valid JSON (extra data after the list, at {where(rest)})")
 
 
-def _need(obj: dict, key: str, path: Path, row: int, types: type | tuple = object) -> Any:
-    """``obj[key]``, raising InputError (file, row, column) when missing, null or not of ``types``."""
-    if key not in obj or obj[key] is None:
-        raise InputError(path, "missing or null", row=row, column=key)
+def _need(obj: dict, key: str, path: Path, row: int, types: type | tuple = object, flag: str | None = None,
+          column: str | None = None) -> Any:
+    """``obj[key]``, raising InputError (file, row, column) when missing, null or not of ``types``; a missing
+    key's message lists the keys the row has (and the option that named it)."""
+    column = key if column is None else column
+    if key not in obj:
+        raise InputError(path, f"missing ({f'named by {flag}; ' if flag else ''}the row has: {_names(obj)})",
+                         row=row, column=column)
     value = obj[key]
-    if not isinstance(value, types) or (isinstance(value, bool) and types in (int, (int, float))):
-        want = types.__name__ if isinstance(types, type) else " or ".join(t.__name__ for t in types)
-        raise InputError(path, f"expected {want}, found {type(value).__name__} {value!r:.40}", row=row, column=key)
+    if value is None:
+        raise InputError(path, "null", row=row, column=column)
+    allowed = types if isinstance(types, tuple) else (types,)
+    bad_bool = isinstance(value, bool) and bool not in allowed and (int in allowed or float in allowed)
+    if not isinstance(value, allowed) or bad_bool:
+        want = " or ".join(t.__name__ for t in allowed)
+        raise InputError(path, f"expected {want}, found {type(value).__name__} {value!r:.40}", row=row, column=column)
     return value
+
+
+def _need_text(obj: dict, key: str, path: Path, row: int, flag: str | None = None) -> str:
+    """``obj[key]`` as a string that is not blank (a prompt: later stages refuse an empty one)."""
+    value = _need(obj, key, path, row, str, flag)
+    if not value.strip():
+        raise InputError(path, "empty", row=row, column=key)
+    return value
+
+
+def _need_id(obj: dict, key: str, path: Path, row: int, flag: str | None = None) -> str:
+    """``obj[key]`` (a string or an integer) as a non-empty string id."""
+    value = str(_need(obj, key, path, row, (str, int), flag))
+    if not value.strip():
+        raise InputError(path, "empty", row=row, column=key)
+    return value
+
+
+def _optional(obj: dict, key: str, path: Path, row: int, flag: str) -> Any:
+    """``obj[key]`` where null means "none"; a row without the key at all is bad input."""
+    if key not in obj:
+        raise InputError(path, f"missing (named by {flag}; the row has: {_names(obj)})", row=row, column=key)
+    return obj[key]
+
+
+def _unique(ids: dict[str, int], value: str, path: Path, row: int, column: str | None) -> None:
+    """Record ``value`` as the id of ``row``; raise InputError when an earlier row has it."""
+    if value in ids:
+        raise InputError(path, f"duplicate id {value!r} (also row {ids[value]})", row=row, column=column)
+    ids[value] = row
 
 
 def _steps_list(value: Any, path: Path, row: int, column: str) -> list[str]:
@@ -242,12 +300,71 @@ def _scalar_text(value: Any, path: Path, row: int, column: str) -> str | None:
     if value is None or isinstance(value, str):
         return value
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise InputError(path, f"expected a string or number, found {type(value).__name__}", row=row, column=column)
+        raise InputError(path, f"expected a string or number, found {_json_type(value)}", row=row, column=column)
     if isinstance(value, int):
         return str(value)
     from decimal import Decimal
 
     return format(Decimal(repr(value)).normalize(), "f")
+
+
+# A plain number as GSM8K's own grader reads it after "####" (digits, thousands commas, a decimal part).
+_PLAIN_GOLD = re.compile(r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?")
+_A_LINE = re.compile(r"^[ \t]*A:", re.MULTILINE)
+
+
+def _marker_gold(line: str, read: Callable[[], str | None], marker: str, path: Path, row: int, column: str) -> str:
+    """The gold answer written after ``marker`` on ``line``, read whole.
+
+    A plain number (the GSM8K format) is taken as it is, thousands commas and leading zeros dropped, at any
+    length. Other text goes through the answer reader ``read`` (which ends an answer at its clause and
+    reads at most ``ANSWER_PHRASE_CHARS`` characters, a bound for model output): a longer line is refused
+    rather than cut."""
+    line = line.strip()
+    if _PLAIN_GOLD.fullmatch(line):
+        ans = line.replace(",", "")
+        sign, digits = ("-", ans[1:]) if ans.startswith("-") else ("", ans)
+        return sign + (digits.lstrip("0") or "0") if digits.isdigit() else ans
+    if len(line) > ANSWER_PHRASE_CHARS:
+        raise InputError(path, f"the answer after {marker!r} is {len(line)} characters of text that is not a number; "
+                               f"answers are read for at most {ANSWER_PHRASE_CHARS} characters, so it would be cut",
+                         row=row, column=column)
+    ans = read()
+    if not ans:
+        raise InputError(path, f"no answer after {marker!r}", row=row, column=column)
+    return ans
+
+
+def gsm8k_reference(answer: str, path: Path, row: int, column: str = "answer") -> str:
+    """The gold answer of a GSM8K ``answer`` field: the text after its last ``####``, read whole.
+
+    Raises:
+        InputError: no ``####``, nothing after it, or a non-numeric answer too long to read whole.
+    """
+    k = answer.rfind("####")
+    if k < 0:
+        raise InputError(path, "no '#### N' final answer line", row=row, column=column)
+
+    def read():
+        try:
+            return extract_gsm8k_reference(answer)
+        except ValueError:
+            return None
+
+    return _marker_gold(answer[k + 4:].split("\n", 1)[0], read, "####", path, row, column)
+
+
+def _solutions_reference(ground_truth: str, path: Path, row: int) -> str:
+    """The gold answer of a GSM8K example-solutions ``ground_truth``: its last ``A: N`` line, read whole."""
+    text = strip_calculator_annotations(ground_truth)
+    lines = list(_A_LINE.finditer(text))
+    if not lines:
+        ref = extract_final_answer(text)
+        if ref is None:
+            raise InputError(path, "no final answer in the ground truth", row=row, column="ground_truth")
+        return ref
+    line = text[lines[-1].end():].split("\n", 1)[0]
+    return _marker_gold(line, lambda: extract_final_answer("A: " + line.strip()), "A:", path, row, "ground_truth")
 
 
 def ratings_to_labels(ratings: list, neutral_as: str = "positive") -> list[bool]:
@@ -292,18 +409,25 @@ def first_error_status(outcome_correct: bool | None, first_error: int | None, n_
 
 
 class Ingester:
-    """Builds rows for one format; grades outcomes with an :class:`AnswerChecker` (process pool)."""
+    """Builds rows for one format; grades outcomes with an :class:`AnswerChecker` (process pool).
+
+    Each row keeps the index of the source row it came from as ``row["_row"]`` (for error messages;
+    dropped before writing). After :meth:`rows`, ``sha256`` is the hash of the bytes read from the file
+    and ``answer_files`` the answers files read (path and sha256).
+    """
 
     def __init__(self, fmt: str, path: Path, opts: IngestOptions, checker):
         self.fmt, self.path, self.opts, self.checker = fmt, Path(path), opts, checker
         self.counts: dict[str, int] = {}
-        self.sha256: str | None = None  # of the bytes read from FILE
-        self.answer_files: list[dict[str, str]] = []  # the answers files read: path and sha256
+        self.sha256: str | None = None
+        self.answer_files: list[dict[str, str]] = []
 
     def count(self, key: str, n: int = 1) -> None:
+        """Add ``n`` to the manifest counter ``key``."""
         self.counts[key] = self.counts.get(key, 0) + n
 
     def rows(self) -> tuple[list[dict], Any]:
+        """The rows of the file and the schema to write them with."""
         fn = {"gsm8k": self._gsm8k, "gsm8k-solutions": self._gsm8k_solutions,
               "processbench": self._processbench, "jsonl": self._generic, "parquet": self._generic}[self.fmt]
         return fn()
@@ -338,15 +462,15 @@ class Ingester:
     def _gsm8k(self):
         rows = []
         for i, obj in self._take(self._jsonl()):
-            q, a = _need(obj, "question", self.path, i, str), _need(obj, "answer", self.path, i, str)
-            try:
-                ref = extract_gsm8k_reference(a)
-            except ValueError:
-                raise InputError(self.path, "no '#### N' final answer line", row=i, column="answer") from None
+            q, a = _need_text(obj, "question", self.path, i), _need(obj, "answer", self.path, i, str)
+            ref = gsm8k_reference(a, self.path, i)
+            prompt = strip_calculator_annotations(q).strip()
+            if not prompt:
+                raise InputError(self.path, "empty once its <<a=b>> annotations are removed", row=i, column="question")
             lines = [strip_calculator_annotations(x).strip() for x in a.splitlines()]
             split = self.path.stem  # test.jsonl -> gsm8k-test-17, train.jsonl -> gsm8k-train-17
-            rows.append({"problem_id": f"gsm8k-{split}-{i}", "source": f"gsm8k/{split}/{i}",
-                         "prompt": strip_calculator_annotations(q).strip(), "reference_answer": ref,
+            rows.append({"problem_id": f"gsm8k-{split}-{i}", "source": f"gsm8k/{split}/{i}", "prompt": prompt,
+                         "reference_answer": ref, "_row": i,
                          "reference_steps": [x for x in lines if x and not x.startswith("####")]})
         return rows, PROBLEM_SCHEMA
 
@@ -355,18 +479,18 @@ class Ingester:
         gens = self.opts.generators or GSM8K_GENERATORS
         rows, pairs = [], []
         for i, obj in self._take(self._jsonl()):
-            q = _need(obj, "question", self.path, i, str)
-            gt = _need(obj, "ground_truth", self.path, i, str)
-            ref = extract_final_answer(strip_calculator_annotations(gt))
-            if ref is None:
-                raise InputError(self.path, "no final answer in the ground truth", row=i, column="ground_truth")
+            q = _need_text(obj, "question", self.path, i)
+            ref = _solutions_reference(_need(obj, "ground_truth", self.path, i, str), self.path, i)
+            prompt = strip_calculator_annotations(q).strip()
+            if not prompt:
+                raise InputError(self.path, "empty once its <<a=b>> annotations are removed", row=i, column="question")
             for g in gens:
                 if g not in obj:
                     raise InputError(self.path, f"no generator {g!r} (has: {', '.join(k for k in obj if isinstance(obj[k], dict))})",
                                      row=i, column=g)
                 if not isinstance(obj[g], dict):
                     raise InputError(self.path, "expected an object with 'solution' and 'is_correct'", row=i, column=g)
-                sol = _need(obj[g], "solution", self.path, i, str)
+                sol = _need(obj[g], "solution", self.path, i, str, column=f"{g}.solution")
                 if not isinstance(obj[g].get("is_correct"), (bool, type(None))):
                     raise InputError(self.path, "is_correct must be true or false", row=i, column=f"{g}.is_correct")
                 text = strip_calculator_annotations(sol)
@@ -375,7 +499,7 @@ class Ingester:
                 if final is None:
                     self.count("no_final_answer")
                 row = {"id": f"gsm8k-test-{i}:{g}", "problem_id": f"gsm8k-test-{i}", "source": f"gsm8k/test/{i}",
-                       "prompt": strip_calculator_annotations(q).strip(), "reference_answer": ref,
+                       "prompt": prompt, "reference_answer": ref, "_row": i,
                        "steps": steps, "step_separator": sep, "final_answer": final, "generator": g,
                        "source_outcome_correct": obj[g].get("is_correct"), "error": None}
                 if not steps:
@@ -394,9 +518,9 @@ class Ingester:
         for row, (gold, pred) in zip(rows, pairs):
             if bad.get(gold) is None:
                 keep.append((row, (gold, pred)))
-            elif self.fmt in ("jsonl", "parquet"):
-                raise InputError(self.path, f"unusable reference answer: {bad[gold]}",
-                                 row=int(row["source"].rsplit("/", 1)[1]), column=self.opts.reference_col)
+            elif self.fmt in GENERIC:
+                raise InputError(self.path, f"unusable reference answer: {bad[gold]}", row=row["_row"],
+                                 column=self.opts.reference_col)
             else:
                 row.update(reference_answer=None, outcome_correct=None)
                 self.count("reference: unusable")
@@ -410,30 +534,33 @@ class Ingester:
 
     # ---- ProcessBench --------------------------------------------------------------------------
     def _processbench(self):
-        raw = self._whole()
+        data = self._whole()
         try:
-            text = raw.decode("utf-8")
+            text = data.decode("utf-8")
         except UnicodeDecodeError as e:
-            raise InputError(self.path, f"not UTF-8 text ({e.reason} 0x{raw[e.start]:02x} at byte {e.start} of the "
-                                        "file)", row=_row_at(raw[:e.start].decode("utf-8"), self.path)) from None
-        data = [obj for _, obj in _json_list(text.removeprefix("\ufeff"), self.path)]
+            raise InputError(self.path, f"not UTF-8 text ({e.reason} 0x{data[e.start]:02x} at byte {e.start} of the "
+                                        "file)", row=_row_at(data[:e.start].decode("utf-8"), self.path)) from None
+        records = list(_json_list(text.removeprefix("\ufeff"), self.path))
         answers = self._reference_answers()
         by_problem: dict[str, str] = {}
-        for i, obj in enumerate(data):
+        ids: dict[str, int] = {}
+        for i, obj in records:
             if not isinstance(obj, dict):
-                raise InputError(self.path, "expected an object", row=i)
-            _need(obj, "id", self.path, i, (str, int))
-            _need(obj, "problem", self.path, i, str)
+                raise InputError(self.path, f"expected an object, found {_json_type(obj)}", row=i)
+            _unique(ids, _need_id(obj, "id", self.path, i), self.path, i, "id")
+            _need_text(obj, "problem", self.path, i)
             _steps_list(_need(obj, "steps", self.path, i), self.path, i, "steps")
             _need(obj, "final_answer_correct", self.path, i, bool)
-        for obj in data:  # a row of the same problem whose final answer is marked correct
-            if obj.get("final_answer_correct") and obj.get("steps"):
+            if obj.get("generator") is not None:
+                _need(obj, "generator", self.path, i, str)
+        for _, obj in records:  # a row of the same problem whose final answer is marked correct
+            if obj["final_answer_correct"]:
                 fa = extract_final_answer("\n\n".join(obj["steps"]))
                 if fa is not None:
                     by_problem.setdefault(_norm(obj["problem"]), fa)
         split = self.path.stem
         rows, pairs = [], []
-        for i, obj in self._take(list(enumerate(data))):
+        for i, obj in self._take(records):
             steps = _steps_list(obj["steps"], self.path, i, "steps")
             label = obj.get("label")
             valid_label = isinstance(label, int) and not isinstance(label, bool) and -1 <= label < len(steps)
@@ -443,7 +570,7 @@ class Ingester:
                 ref, how = by_problem.get(_norm(obj["problem"])), "from a correct row of the same problem"
             self.count(f"reference: {how}" if ref is not None else "reference: none")
             rows.append({"id": str(obj["id"]), "problem_id": f"processbench-{split}-{_problem_key(obj['problem'])}",
-                         "source": f"processbench/{split}/{obj['id']}", "prompt": obj["problem"],
+                         "source": f"processbench/{split}/{obj['id']}", "prompt": obj["problem"], "_row": i,
                          "reference_answer": ref, "steps": steps, "step_separator": "\n\n",
                          "final_answer": final, "generator": obj.get("generator"),
                          "source_outcome_correct": obj["final_answer_correct"],
@@ -459,22 +586,39 @@ class Ingester:
         return rows, TRAJ_SCHEMA_WITH_REFS
 
     def _reference_answers(self) -> dict[str, str]:
-        """Problem text -> gold answer from GSM8K test and MATH-500 files (``--answers`` or siblings)."""
-        files = [Path(p) for p in self.opts.answers] or [
-            self.path.parent.parent / "gsm8k" / "test.jsonl", self.path.parent.parent / "math500" / "test.jsonl"]
+        """Problem text -> gold answer from GSM8K test and MATH-500 files (``--answers`` or siblings).
+
+        A GSM8K row (``question``, ``answer``) gives the answer after ``####`` (or a number given as the
+        answer), a MATH-500 row (``problem``, ``answer``) its answer as it is.
+
+        Raises:
+            InputError: a row of an answers file with neither layout, a blank problem, or an answer that is
+                not a string or number (null, a list: never the text "None" or "[1, 2]").
+        """
+        given = [Path(p) for p in self.opts.answers]
+        files = given or [self.path.parent.parent / "gsm8k" / "test.jsonl",
+                          self.path.parent.parent / "math500" / "test.jsonl"]
         out = {}
         for f in files:
-            if not f.exists():
+            if not given and not f.is_file():
                 continue
             digest = hashlib.sha256()
-            for _, obj in read_jsonl(f, digest):
-                if "question" in obj and "answer" in obj:
-                    try:
-                        out[_norm(obj["question"])] = extract_gsm8k_reference(obj["answer"])
-                    except ValueError:
-                        pass
-                elif "problem" in obj and "answer" in obj:
-                    out[_norm(obj["problem"])] = str(obj["answer"])
+            for i, obj in read_jsonl(f, digest):
+                key = "question" if "question" in obj else "problem"
+                if key not in obj or "answer" not in obj:
+                    raise InputError(f, "expected 'question' and 'answer' (GSM8K) or 'problem' and 'answer' "
+                                        f"(MATH-500); the row has: {_names(obj)}", row=i)
+                problem = _need_text(obj, key, f, i)
+                value = obj["answer"]
+                if isinstance(value, str) and key == "question":
+                    gold = gsm8k_reference(value, f, i)
+                else:
+                    gold = _scalar_text(value, f, i, "answer")
+                    if gold is None:
+                        raise InputError(f, "expected a string or number, found null", row=i, column="answer")
+                    if not gold.strip():
+                        raise InputError(f, "empty", row=i, column="answer")
+                out[_norm(problem)] = gold.strip()
             self.answer_files.append({"path": str(f), "sha256": digest.hexdigest()})
         return out
 
@@ -499,12 +643,24 @@ class Ingester:
 
     def _generic(self):
         o = self.opts
-        items = self._parquet()[0] if self.fmt == "parquet" else self._jsonl()
+        flags = {f.name: flag_of(f) for f in dataclasses.fields(IngestOptions)}
+        if self.fmt == "parquet":
+            items, columns = self._parquet()
+        else:
+            items = self._jsonl()
+            columns = list(dict.fromkeys(str(k) for _, obj in items for k in obj))
+        if not items:
+            return [], TRAJ_SCHEMA_WITH_REFS
+        for name in COLUMN_OPTIONS:  # a misspelt column would otherwise read as "no value" in every row
+            col = getattr(o, name)
+            if col is not None and col not in columns:
+                raise InputError(self.path, f"{flags[name]} names no column of the file (its columns: "
+                                            f"{_names(dict.fromkeys(columns))})", column=col)
         rows, pairs = [], []
-        seen_ids: set[str] = set()
+        ids: dict[str, int] = {}
         for i, obj in self._take(items):
-            prompt = _need(obj, o.prompt_col, self.path, i, str)
-            raw = _need(obj, o.steps_col, self.path, i)
+            prompt = _need_text(obj, o.prompt_col, self.path, i, "--prompt-col")
+            raw = _need(obj, o.steps_col, self.path, i, flag="--steps-col")
             if isinstance(raw, str):
                 steps, sep = split_steps(raw, o.split)
                 if not steps:
@@ -512,23 +668,30 @@ class Ingester:
             else:
                 steps = _steps_list(raw, self.path, i, o.steps_col)
                 sep = "\n\n" if any("\n" in s for s in steps) else "\n"
-            ref = _scalar_text(obj.get(o.reference_col), self.path, i, o.reference_col) if o.reference_col else None
-            final = (_scalar_text(obj.get(o.answer_col), self.path, i, o.answer_col) if o.answer_col
-                     else extract_final_answer(sep.join(steps)))
-            pid = (str(_need(obj, o.problem_id_col, self.path, i, (str, int))) if o.problem_id_col
+            ref = None
+            if o.reference_col:
+                ref = _scalar_text(_optional(obj, o.reference_col, self.path, i, "--reference-col"), self.path, i,
+                                   o.reference_col)
+                if ref is not None and not ref.strip():
+                    raise InputError(self.path, "empty (null means no reference)", row=i, column=o.reference_col)
+            if o.answer_col:
+                final = _scalar_text(_optional(obj, o.answer_col, self.path, i, "--answer-col"), self.path, i,
+                                     o.answer_col)
+                final = final if final is None or final.strip() else None  # a blank answer is no answer
+            else:
+                final = extract_final_answer(sep.join(steps))
+            pid = (_need_id(obj, o.problem_id_col, self.path, i, "--problem-id-col") if o.problem_id_col
                    else f"{self.path.stem}-{_problem_key(prompt)}")
-            rid = str(_need(obj, o.id_col, self.path, i, (str, int))) if o.id_col else f"{self.path.stem}-{i}"
-            if rid in seen_ids:
-                raise InputError(self.path, f"duplicate id {rid!r}", row=i, column=o.id_col)
-            seen_ids.add(rid)
-            row = {"id": rid, "problem_id": pid,
+            rid = _need_id(obj, o.id_col, self.path, i, "--id-col") if o.id_col else f"{self.path.stem}-{i}"
+            _unique(ids, rid, self.path, i, o.id_col)
+            row = {"id": rid, "problem_id": pid, "_row": i,
                    "source": f"{self.path.name}/{i}", "prompt": prompt,
-                   "reference_answer": None if ref is None else str(ref), "steps": steps, "step_separator": sep,
-                   "final_answer": None if final is None else str(final),
-                   "generator": str(obj.get("generator") or "unknown"), "error": None}
+                   "reference_answer": ref, "steps": steps, "step_separator": sep,
+                   "final_answer": final, "generator": str(obj.get("generator") or "unknown"), "error": None}
             if o.labels_col:
+                ratings = _need(obj, o.labels_col, self.path, i, list, "--labels-col")
                 try:
-                    row["reference_labels"] = ratings_to_labels(_need(obj, o.labels_col, self.path, i), o.neutral_as)
+                    row["reference_labels"] = ratings_to_labels(ratings, o.neutral_as)
                 except ValueError as e:
                     raise InputError(self.path, str(e), row=i, column=o.labels_col) from None
                 if len(row["reference_labels"]) != len(steps):
@@ -541,7 +704,7 @@ class Ingester:
         for (i, obj), r in zip(self._take(items), rows):
             r.setdefault("outcome_correct", None)
             if o.first_error_col:
-                fe = _need(obj, o.first_error_col, self.path, i)
+                fe = _need(obj, o.first_error_col, self.path, i, flag="--first-error-col")
                 ok = isinstance(fe, int) and not isinstance(fe, bool) and -1 <= fe < len(r["steps"])
                 r["reference_first_error"] = fe if ok else None
                 r["reference_status"] = first_error_status(r["outcome_correct"], fe, len(r["steps"]))
@@ -565,9 +728,21 @@ def _norm(text: str) -> str:
 
 
 def _problem_key(text: str) -> str:
-    import hashlib
-
     return hashlib.sha256(_norm(text).encode()).hexdigest()[:12]
+
+
+def _check_rows(rows: list[dict], schema, path: Path) -> None:
+    """The shard's own checks, whatever the format: ids (or problem ids of a problems shard) present and
+    unique, prompts and problem ids not blank; an error names the source row."""
+    key = "id" if "id" in schema.names else "problem_id"
+    seen: dict[str, int] = {}
+    for r in rows:
+        for col in ("id", "problem_id", "prompt"):
+            if col in schema.names and (not isinstance(r.get(col), str) or not r[col].strip()):
+                raise InputError(path, f"would give the row an empty {col}", row=r["_row"])
+        if r[key] in seen:
+            raise InputError(path, f"would give the {key} {r[key]!r} of row {seen[r[key]]} again", row=r["_row"])
+        seen[r[key]] = r["_row"]
 
 
 def ingest(fmt: str, path: str | Path, out: str | Path, opts: IngestOptions, checker, checker_settings: dict) -> dict:
@@ -589,6 +764,8 @@ def ingest(fmt: str, path: str | Path, out: str | Path, opts: IngestOptions, che
     rows, schema = ing.rows()
     if not rows:
         raise InputError(path, "no records to ingest" + (" after --skip" if opts.skip else ""))
+    _check_rows(rows, schema, path)
+    source_rows = [r.pop("_row") for r in rows]
     opt_doc = {k: v for k, v in vars(opts).items() if v not in (None, (), {}, "")}
     source = {"path": str(path), "sha256": ing.sha256}
     if ing.answer_files:
@@ -599,6 +776,10 @@ def ingest(fmt: str, path: str | Path, out: str | Path, opts: IngestOptions, che
                 "input": source, "counts": {"rows": len(rows), **ing.counts}}
     try:
         write_shard(out, rows, schema, manifest, source=path)
+    except InputError as e:  # a value that does not fit its column: name the source row, not the output row
+        if e.path != path or e.row is None:
+            raise
+        raise InputError(path, e.detail, row=source_rows[e.row], column=e.column) from None
     except OSError as e:
         raise InputError(out, f"cannot write ({e.strerror or e})") from None
     return manifest
