@@ -249,6 +249,44 @@ def test_manifest_hash_is_the_file_hash(tmp_path, checker):
         hashlib.sha256(f.read_bytes()).hexdigest() for f in (GSM8K, MATH500)]
 
 
+# ---- D12: never write over the input or a shard's own files ---------------------------------------------
+def test_input_named_like_outs_manifest_is_not_overwritten(tmp_path, checker):
+    src = tmp_path / "foo.manifest.json"
+    src.write_text("\n".join(real_lines(GSM8K, 3)) + "\n")
+    before = src.read_bytes()
+    with pytest.raises(InputError, match=r"foo.manifest.json: is the input, and it is where OUT .*foo.parquet writes its manifest"):
+        run("gsm8k", src, tmp_path / "foo.parquet", checker)
+    assert src.read_bytes() == before and not (tmp_path / "foo.parquet").exists()
+    link = tmp_path / "bar.manifest.json"
+    os.link(src, link)  # another name of the input
+    with pytest.raises(InputError, match=r"bar.manifest.json: is the input \(.*foo.manifest.json\), and it is where OUT "):
+        run("gsm8k", src, tmp_path / "bar.parquet", checker)
+    assert src.read_bytes() == before
+
+
+def test_answers_file_is_never_an_output(tmp_path, checker):
+    answers = tmp_path / "o.manifest.json"
+    answers.write_bytes(GSM8K.read_bytes())
+    with pytest.raises(InputError, match=r"o.manifest.json: is an --answers file, and it is where OUT .*o.parquet writes its manifest"):
+        run("processbench", PB_GSM8K, tmp_path / "o.parquet", checker, limit=2, answers=(str(answers),))
+    assert answers.read_bytes() == GSM8K.read_bytes()
+
+
+def test_out_that_ingest_did_not_write_is_not_replaced(tmp_path, checker):
+    out = tmp_path / "labeled.parquet"
+    pq.write_table(pa.table({"x": [1]}), out)  # not a stepkit shard
+    with pytest.raises(InputError, match=r"labeled.parquet: exists and was not written by ingest"):
+        run("gsm8k", GSM8K, out, checker, limit=2)
+    assert pq.read_table(out).to_pylist() == [{"x": 1}]
+    run("gsm8k", GSM8K, tmp_path / "p.parquet", checker, limit=2)
+    run("gsm8k", GSM8K, tmp_path / "p.parquet", checker, limit=3)  # ingest's own output is rewritten
+    assert len(rows_of(tmp_path / "p.parquet")) == 3
+    parts = tmp_path / "mc.parquet.parts"
+    parts.mkdir()
+    with pytest.raises(InputError, match=r"is inside the parts folder of .*mc.parquet"):
+        run("gsm8k", GSM8K, parts / "part-00000.parquet", checker, limit=2)
+
+
 # ---- D13: JSON that json refuses without a JSONDecodeError ------------------------------------------------
 BAD_JSON = [
     ('{"question": ' + "1" * 5000 + "}", r"row 1: not valid JSON \(an integer of more than 4300 digits\)"),

@@ -25,7 +25,7 @@ Lines file, the element of a JSON list, the row of a Parquet file) and the colum
 byte offset), JSON that ``json`` refuses (bad syntax, an integer of more than 4,300 digits, nesting deeper
 than the recursion limit), a lone UTF-16 surrogate, a column that a ``--*-col`` option names and the file
 lacks, an empty or repeated id, a blank prompt. So a shard that ingest writes is one every later stage
-reads.
+reads. Ingest never writes over its input, an answers file, or a file it did not write itself.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 import re
 import time
 from collections.abc import Callable, Iterator
@@ -47,7 +48,7 @@ from stepkit.grading.answers import extract_final_answer, extract_gsm8k_referenc
 from stepkit.grading.steps import check_split, split_steps
 from stepkit.options import Config, flag_of, opt
 from stepkit.schema import PROBLEM_SCHEMA, REFERENCE_FIELDS, TRAJECTORY_SCHEMA, extend_schema
-from stepkit.shards import write_shard
+from stepkit.shards import manifest_path, write_shard
 
 FORMATS = ("gsm8k", "gsm8k-solutions", "processbench", "jsonl", "parquet")
 GENERIC = ("jsonl", "parquet")
@@ -731,6 +732,67 @@ def _problem_key(text: str) -> str:
     return hashlib.sha256(_norm(text).encode()).hexdigest()[:12]
 
 
+def _same_file(a: Path, b: Path) -> bool:
+    if a.resolve() == b.resolve():
+        return True
+    try:
+        return a.exists() and b.exists() and os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def _written_by(out: Path) -> str | None:
+    """The stage named in the stepkit manifest of the Parquet file ``out`` (its own metadata), else None."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        meta = pq.read_schema(out).metadata or {}
+        doc = json.loads(meta[b"stepkit"]) if b"stepkit" in meta else None
+    except (OSError, ValueError, pa.ArrowException):
+        return None
+    return doc.get("stage") if isinstance(doc, dict) else None
+
+
+def check_output(path: Path, out: Path, answers: tuple[str, ...] = ()) -> None:
+    """Refuse an OUT that would write over the input, an answers file or a file ingest did not write.
+
+    OUT and its manifest (``<stem>.manifest.json``) must not be the input or an answers file (by path or
+    hard link); an existing OUT must be a shard ``ingest`` wrote (ingest rewrites its own output, never
+    another stage's shard or a foreign file), an existing manifest path a stepkit manifest, and OUT must not
+    lie in a stage's ``.parts`` folder.
+
+    Raises:
+        InputError: naming the file that would be overwritten.
+    """
+    mp = manifest_path(out)
+    for what, p in [("the input", path), *(("an --answers file", Path(a)) for a in answers)]:
+        if _same_file(p, out):
+            raise InputError(out, f"OUT is the same file as {what}; write the shard somewhere else")
+        if _same_file(p, mp):
+            aka = "" if p.resolve() == mp.resolve() else f" ({p})"
+            raise InputError(mp, f"is {what}{aka}, and it is where OUT {out} writes its manifest; give OUT another name")
+    if out.parent.name.endswith(".parts") and len(out.parent.name) > len(".parts"):
+        raise InputError(out, f"is inside the parts folder of {out.parent.with_name(out.parent.name[:-6])}; "
+                              "write the shard somewhere else")
+    if out.is_dir():
+        raise InputError(out, "is a folder; OUT must be a .parquet file path")
+    if out.exists():
+        stage = _written_by(out)
+        if stage != "ingest":
+            who = "it has no stepkit manifest" if stage is None else f"it is a {stage} shard"
+            raise InputError(out, f"exists and was not written by ingest ({who}); ingest replaces only its own "
+                                  "output: remove it or choose another OUT")
+    elif mp.exists():
+        try:
+            doc = json.loads(mp.read_text(encoding="utf-8"))
+        except (OSError, ValueError, RecursionError):
+            doc = None
+        if not isinstance(doc, dict) or "stage" not in doc:
+            raise InputError(mp, f"exists and is not a stepkit manifest, and it is where OUT {out} writes its "
+                                 "manifest; give OUT another name")
+
+
 def _check_rows(rows: list[dict], schema, path: Path) -> None:
     """The shard's own checks, whatever the format: ids (or problem ids of a problems shard) present and
     unique, prompts and problem ids not blank; an error names the source row."""
@@ -748,16 +810,15 @@ def _check_rows(rows: list[dict], schema, path: Path) -> None:
 def ingest(fmt: str, path: str | Path, out: str | Path, opts: IngestOptions, checker, checker_settings: dict) -> dict:
     """Read ``path`` in format ``fmt`` and write the shard ``out`` with its manifest.
 
-    Returns the manifest. Raises :class:`InputError` on bad input (naming file, row and column);
-    nothing is written then.
+    Returns the manifest. Raises :class:`InputError` on bad input (naming file, row and column) or an OUT
+    that would write over an input or a file ingest did not write; nothing is written then.
     """
     path, out = Path(path), Path(out)
     if fmt not in FORMATS:
         raise InputError(path, f"unknown format {fmt!r} (choose {', '.join(FORMATS)})")
     if not path.exists():
         raise InputError(path, "no such file")
-    if out.resolve() == path.resolve():
-        raise InputError(path, "OUT is the same file as the input; write the shard somewhere else")
+    check_output(path, out, opts.answers)
     if out.suffix != ".parquet":
         raise InputError(out, "OUT must be a .parquet file path")
     ing = Ingester(fmt, path, opts, checker)
