@@ -352,3 +352,44 @@ def test_invalid_utf8_in_processbench_names_row_and_byte(tmp_path, checker):
     with pytest.raises(InputError, match=rf"gsm8k.json: row 2: not UTF-8 text \(invalid continuation byte 0xc3 "
                                          rf"at byte {at} of the file\)"):
         run("processbench", src, tmp_path / "o.parquet", checker)
+
+
+# ---- D22: options that do not apply to the format, and format hints ----------------------------------------
+@pytest.mark.parametrize("fmt, src, args, msg", [
+    ("gsm8k", GSM8K, ["--generator", "6b_finetuning"], "--generator applies only to format gsm8k-solutions"),
+    ("processbench", PB_GSM8K, ["--id-col", "id"], "--id-col applies only to formats jsonl, parquet"),
+    ("gsm8k-solutions", SOLUTIONS, ["--answers", str(GSM8K)], "--answers applies only to format processbench"),
+    ("gsm8k", GSM8K, ["--split", "blank"], "--split applies only to formats jsonl, parquet"),
+    ("gsm8k", GSM8K, ["--seed", "3"], "--seed has no effect without --sample"),
+    ("jsonl", MATH500, ["--prompt-col", "problem", "--neutral-as", "negative"],
+     "--neutral-as has no effect without --labels-col"),
+])
+def test_options_that_do_not_apply_are_usage_errors(tmp_path, fmt, src, args, msg):
+    p = run_cli("ingest", fmt, src, tmp_path / "o.parquet", *args, check=False)
+    assert p.returncode == 2 and msg in p.stderr and "Traceback" not in p.stderr
+    assert not (tmp_path / "o.parquet").exists()
+
+
+def test_options_that_do_not_apply_are_refused_from_python(tmp_path, checker):
+    with pytest.raises(ConfigError, match="--generator applies only to format gsm8k-solutions, not gsm8k"):
+        run("gsm8k", GSM8K, tmp_path / "o.parquet", checker, generators=("6b_finetuning",))
+
+
+def test_unknown_generator_is_not_called_a_column(tmp_path, checker):
+    with pytest.raises(InputError) as e:
+        run("gsm8k-solutions", SOLUTIONS, tmp_path / "o.parquet", checker, limit=1, generators=("gpt5",))
+    assert str(e.value) == (f"{SOLUTIONS}: row 0: --generator gpt5: no such generator (the row has: 6b_finetuning, "
+                            "6b_verification, 175b_finetuning, 175b_verification)")
+
+
+@pytest.mark.parametrize("fmt, src, hint", [
+    ("gsm8k", SOLUTIONS, "the file looks like gsm8k-solutions input"),
+    ("gsm8k-solutions", GSM8K, "the file looks like gsm8k input"),
+    ("jsonl", GSM8K, "the file looks like gsm8k input"),
+    ("jsonl", PB_GSM8K, "the file looks like processbench input"),
+    ("processbench", GSM8K, "the file looks like gsm8k input"),
+    ("parquet", MATH500, "the file looks like jsonl input"),
+])
+def test_wrong_format_errors_name_the_format_the_file_looks_like(tmp_path, checker, fmt, src, hint):
+    with pytest.raises(InputError, match=rf"{src.name}: .*; {hint} \(stepkit ingest "):
+        run(fmt, src, tmp_path / "o.parquet", checker)

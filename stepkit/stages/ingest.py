@@ -25,7 +25,8 @@ Lines file, the element of a JSON list, the row of a Parquet file) and the colum
 byte offset), JSON that ``json`` refuses (bad syntax, an integer of more than 4,300 digits, nesting deeper
 than the recursion limit), a lone UTF-16 surrogate, a column that a ``--*-col`` option names and the file
 lacks, an empty or repeated id, a blank prompt. So a shard that ingest writes is one every later stage
-reads. Ingest never writes over its input, an answers file, or a file it did not write itself.
+reads. An option that does not apply to the format is refused (:func:`option_conflicts`), and ingest
+never writes over its input, an answers file, or a file it did not write itself.
 """
 
 from __future__ import annotations
@@ -57,6 +58,13 @@ TRAJ_SCHEMA_WITH_REFS = extend_schema(TRAJECTORY_SCHEMA, REFERENCE_FIELDS)
 COLUMN_OPTIONS = ("prompt_col", "steps_col", "answer_col", "reference_col", "id_col", "problem_id_col",
                   "labels_col", "first_error_col")
 """The options that name a column of a jsonl/parquet file: each must name one the file has."""
+OPTION_FORMATS: dict[str, tuple[str, ...]] = {
+    "generators": ("gsm8k-solutions",), "answers": ("processbench",),
+    **{name: GENERIC for name in ("split", "neutral_as", *COLUMN_OPTIONS)}}
+"""The formats an option applies to (an option not listed applies to every format)."""
+OPTION_NEEDS = {"seed": "sample", "neutral_as": "labels_col"}
+"""Options that act only together with another one."""
+HEAD_BYTES = 1 << 16  # how much of FILE is kept to tell which format it looks like
 
 
 @dataclass(frozen=True)
@@ -78,14 +86,15 @@ class IngestOptions(Config):
     split: str = opt("auto", "jsonl/parquet string steps: newline, blank, step (Step k:), auto, or a separator regex.")
     id_col: str | None = opt(None, "jsonl/parquet: row id column (default: <file>-<index>).")
     prompt_col: str = opt("prompt", "jsonl/parquet: the problem column.")
-    steps_col: str = opt("steps", "A list of steps, or a string to split.")
-    answer_col: str | None = opt(None, "The solution's final answer (default: extracted from the steps).")
-    reference_col: str | None = opt(None, "Gold answer column (needed to grade outcomes).")
+    steps_col: str = opt("steps", "jsonl/parquet: a list of steps, or a string to split.")
+    answer_col: str | None = opt(None, "jsonl/parquet: the solution's final answer (default: extracted from the "
+                                 "steps).")
+    reference_col: str | None = opt(None, "jsonl/parquet: gold answer column (needed to grade outcomes).")
     problem_id_col: str | None = opt(None, "jsonl/parquet: problem id column (default: the row id).")
-    labels_col: str | None = opt(None, "Per-step human labels or ratings (-1/0/1, bool, +/-).")
-    neutral_as: str = opt("positive", "How a neutral 0 rating maps (PRM800K paper: positive; TRL's converter: "
-                          "negative).", choices=("positive", "negative"))
-    first_error_col: str | None = opt(None, "Human first-error index column (-1 = no error).")
+    labels_col: str | None = opt(None, "jsonl/parquet: per-step human labels or ratings (-1/0/1, bool, +/-).")
+    neutral_as: str = opt("positive", "With --labels-col: how a neutral 0 rating maps (PRM800K paper: positive; "
+                          "TRL's converter: negative).", choices=("positive", "negative"))
+    first_error_col: str | None = opt(None, "jsonl/parquet: human first-error index column (-1 = no error).")
     answers: tuple[str, ...] = opt((), "processbench: GSM8K/MATH-500 jsonl files to recover gold answers from.",
                                    file=True)
 
@@ -95,6 +104,27 @@ class IngestOptions(Config):
         twice = sorted({g for g in self.generators if self.generators.count(g) > 1})
         if twice:  # the rows of a generator would come out twice, with the same ids
             raise ConfigError(f"--generator {twice[0]} is given twice")
+
+
+def option_conflicts(fmt: str, opts: IngestOptions, names) -> list[str]:
+    """Why the options ``names`` (field names of :class:`IngestOptions`) cannot be given for format ``fmt``:
+    one message per option that does not apply to the format or acts only with another option that is not
+    set (``--seed`` without ``--sample``). Empty when every one applies."""
+    flags = {f.name: flag_of(f) for f in dataclasses.fields(IngestOptions)}
+    out = []
+    for name in names:
+        formats = OPTION_FORMATS.get(name)
+        if formats is not None and fmt not in formats:
+            out.append(f"{flags[name]} applies only to format{'s' if len(formats) > 1 else ''} "
+                       f"{', '.join(formats)}, not {fmt}")
+        elif name in OPTION_NEEDS and getattr(opts, OPTION_NEEDS[name]) in (None, ()):
+            out.append(f"{flags[name]} has no effect without {flags[OPTION_NEEDS[name]]}")
+    return out
+
+
+class _FormatError(InputError):
+    """An error about the file's layout (a missing key, not a list, not Parquet): :func:`ingest` adds the
+    format the file looks like when it is another one."""
 
 
 # A \u escape of a UTF-16 surrogate: only these can give a string that is not encodable as UTF-8.
@@ -132,8 +162,9 @@ def _loads(text: str, path: Path, row: int) -> Any:
     """``json.loads(text)``, every refusal an InputError naming ``path`` and ``row``."""
     try:
         obj = _JSON.decode(text)
-    except json.JSONDecodeError as e:
-        raise InputError(path, f"not valid JSON ({e.msg} at character {e.pos})", row=row) from None
+    except json.JSONDecodeError as e:  # on the first line, perhaps not JSON Lines at all
+        raise (_FormatError if row == 0 else InputError)(path, f"not valid JSON ({e.msg} at character {e.pos})",
+                                                         row=row) from None
     except (ValueError, RecursionError) as e:  # an integer over the digit limit, nesting too deep
         raise InputError(path, f"not valid JSON ({parse_failure(e)})", row=row) from None
     if _SURROGATE_ESCAPE.search(text):
@@ -146,11 +177,11 @@ def _json_type(value: Any) -> str:
         type(value), "a number")
 
 
-def read_jsonl(path: Path, digest=None) -> Iterator[tuple[int, dict]]:
+def read_jsonl(path: Path, digest=None, head: bytearray | None = None) -> Iterator[tuple[int, dict]]:
     """Yield ``(line_index, object)`` for each non-blank line of a JSON Lines file, reading it once.
 
     ``digest`` (a :mod:`hashlib` object) is updated with every byte read, so once the iterator is exhausted
-    it is the file's hash (a pipe can be read only once).
+    it is the file's hash (a pipe can be read only once); ``head`` receives the first ``HEAD_BYTES``.
 
     Raises:
         InputError: the file cannot be read; a line is not UTF-8 (naming its byte in the line and in the
@@ -172,19 +203,22 @@ def read_jsonl(path: Path, digest=None) -> Iterator[tuple[int, dict]]:
             i += 1
             if digest is not None:
                 digest.update(raw)
+            if head is not None and len(head) < HEAD_BYTES:
+                head += raw[:HEAD_BYTES - len(head)]
             start, offset = offset, offset + len(raw)
             try:
                 line = raw.decode("utf-8")
-            except UnicodeDecodeError as e:
+            except UnicodeDecodeError as e:  # on the first line, perhaps a binary file
                 where = f"at byte {e.start} of the row, byte {start + e.start} of the file"
-                raise InputError(path, f"not UTF-8 text ({e.reason} 0x{raw[e.start]:02x} {where})", row=i) from None
+                raise (_FormatError if i == 0 else InputError)(
+                    path, f"not UTF-8 text ({e.reason} 0x{raw[e.start]:02x} {where})", row=i) from None
             if i == 0:
                 line = line.removeprefix("\ufeff")  # a byte order mark
             if not line.strip():
                 continue
             obj = _loads(line, path, i)
             if not isinstance(obj, dict):
-                raise InputError(path, f"expected a JSON object, found {_json_type(obj)}", row=i)
+                raise _FormatError(path, f"expected a JSON object, found {_json_type(obj)}", row=i)
             yield i, obj
 
 
@@ -202,7 +236,7 @@ def _json_list(text: str, path: Path) -> Iterator[tuple[int, Any]]:
     refusal (bad syntax, an integer over the digit limit, deep nesting, a lone surrogate) names its row."""
     i = _JSON_SPACE.match(text).end()
     if not text.startswith("[", i):
-        raise InputError(path, "expected a JSON list of ProcessBench rows")
+        raise _FormatError(path, "expected a JSON list of ProcessBench rows")
 
     def where(pos: int) -> str:
         line = text.count("\n", 0, pos) + 1
@@ -242,8 +276,8 @@ def _need(obj: dict, key: str, path: Path, row: int, types: type | tuple = objec
     key's message lists the keys the row has (and the option that named it)."""
     column = key if column is None else column
     if key not in obj:
-        raise InputError(path, f"missing ({f'named by {flag}; ' if flag else ''}the row has: {_names(obj)})",
-                         row=row, column=column)
+        raise _FormatError(path, f"missing ({f'named by {flag}; ' if flag else ''}the row has: {_names(obj)})",
+                           row=row, column=column)
     value = obj[key]
     if value is None:
         raise InputError(path, "null", row=row, column=column)
@@ -274,7 +308,7 @@ def _need_id(obj: dict, key: str, path: Path, row: int, flag: str | None = None)
 def _optional(obj: dict, key: str, path: Path, row: int, flag: str) -> Any:
     """``obj[key]`` where null means "none"; a row without the key at all is bad input."""
     if key not in obj:
-        raise InputError(path, f"missing (named by {flag}; the row has: {_names(obj)})", row=row, column=key)
+        raise _FormatError(path, f"missing (named by {flag}; the row has: {_names(obj)})", row=row, column=key)
     return obj[key]
 
 
@@ -413,14 +447,15 @@ class Ingester:
     """Builds rows for one format; grades outcomes with an :class:`AnswerChecker` (process pool).
 
     Each row keeps the index of the source row it came from as ``row["_row"]`` (for error messages;
-    dropped before writing). After :meth:`rows`, ``sha256`` is the hash of the bytes read from the file
-    and ``answer_files`` the answers files read (path and sha256).
+    dropped before writing). After :meth:`rows`, ``sha256`` is the hash of the bytes read from the file,
+    ``head`` its first bytes and ``answer_files`` the answers files read (path and sha256).
     """
 
     def __init__(self, fmt: str, path: Path, opts: IngestOptions, checker):
         self.fmt, self.path, self.opts, self.checker = fmt, Path(path), opts, checker
         self.counts: dict[str, int] = {}
         self.sha256: str | None = None
+        self.head = bytearray()
         self.answer_files: list[dict[str, str]] = []
 
     def count(self, key: str, n: int = 1) -> None:
@@ -434,16 +469,16 @@ class Ingester:
         return fn()
 
     def _jsonl(self) -> list[tuple[int, dict]]:
-        """Every record of FILE as JSON Lines, read once (hash recorded)."""
+        """Every record of FILE as JSON Lines, read once (hash and head recorded)."""
         digest = hashlib.sha256()
-        items = list(read_jsonl(self.path, digest))
+        items = list(read_jsonl(self.path, digest, self.head))
         self.sha256 = digest.hexdigest()
         return items
 
     def _whole(self) -> bytes:
-        """FILE's bytes, read once (hash recorded)."""
+        """FILE's bytes, read once (hash and head recorded)."""
         data = _read_whole(self.path)
-        self.sha256 = hashlib.sha256(data).hexdigest()
+        self.sha256, self.head = hashlib.sha256(data).hexdigest(), bytearray(data[:HEAD_BYTES])
         return data
 
     def _take(self, items):
@@ -487,8 +522,11 @@ class Ingester:
                 raise InputError(self.path, "empty once its <<a=b>> annotations are removed", row=i, column="question")
             for g in gens:
                 if g not in obj:
-                    raise InputError(self.path, f"no generator {g!r} (has: {', '.join(k for k in obj if isinstance(obj[k], dict))})",
-                                     row=i, column=g)
+                    have = ", ".join(k for k in obj if isinstance(obj[k], dict))
+                    raise InputError(self.path, f"--generator {g}: no such generator (the row has: {have})"
+                                     if self.opts.generators else
+                                     f"no solutions of generator {g} (the default takes all four; choose with "
+                                     f"--generator; the row has: {have})", row=i)
                 if not isinstance(obj[g], dict):
                     raise InputError(self.path, "expected an object with 'solution' and 'is_correct'", row=i, column=g)
                 sol = _need(obj[g], "solution", self.path, i, str, column=f"{g}.solution")
@@ -547,7 +585,7 @@ class Ingester:
         ids: dict[str, int] = {}
         for i, obj in records:
             if not isinstance(obj, dict):
-                raise InputError(self.path, f"expected an object, found {_json_type(obj)}", row=i)
+                raise _FormatError(self.path, f"expected an object, found {_json_type(obj)}", row=i)
             _unique(ids, _need_id(obj, "id", self.path, i), self.path, i, "id")
             _need_text(obj, "problem", self.path, i)
             _steps_list(_need(obj, "steps", self.path, i), self.path, i, "steps")
@@ -633,7 +671,7 @@ class Ingester:
         try:
             pf = pq.ParquetFile(pa.BufferReader(data))
         except (pa.ArrowException, OSError) as e:
-            raise InputError(self.path, f"not a readable Parquet file ({str(e).splitlines()[0]})") from None
+            raise _FormatError(self.path, f"not a readable Parquet file ({str(e).splitlines()[0]})") from None
         rows: list[dict] = []
         try:
             for batch in pf.iter_batches(batch_size=1024):
@@ -655,8 +693,8 @@ class Ingester:
         for name in COLUMN_OPTIONS:  # a misspelt column would otherwise read as "no value" in every row
             col = getattr(o, name)
             if col is not None and col not in columns:
-                raise InputError(self.path, f"{flags[name]} names no column of the file (its columns: "
-                                            f"{_names(dict.fromkeys(columns))})", column=col)
+                raise _FormatError(self.path, f"{flags[name]} names no column of the file (its columns: "
+                                              f"{_names(dict.fromkeys(columns))})", column=col)
         rows, pairs = [], []
         ids: dict[str, int] = {}
         for i, obj in self._take(items):
@@ -730,6 +768,38 @@ def _norm(text: str) -> str:
 
 def _problem_key(text: str) -> str:
     return hashlib.sha256(_norm(text).encode()).hexdigest()[:12]
+
+
+def sniff_format(head: bytes) -> str | None:
+    """The format the first bytes of a file look like: ``parquet`` (its magic number), ``processbench`` (a
+    JSON list), ``gsm8k`` / ``gsm8k-solutions`` (JSON Lines with their keys), ``jsonl`` (other JSON
+    Lines), or None."""
+    if head.startswith(b"PAR1"):
+        return "parquet"
+    text = head.decode("utf-8", "replace").lstrip("\ufeff \t\r\n")
+    if text.startswith("["):
+        return "processbench"
+    if not text.startswith("{"):
+        return None
+    try:
+        keys = set(json.loads(text.split("\n", 1)[0]))
+    except (ValueError, RecursionError, TypeError):
+        return "jsonl"
+    if {"question", "ground_truth"} <= keys:
+        return "gsm8k-solutions"
+    if {"question", "answer"} <= keys:
+        return "gsm8k"
+    return "jsonl"
+
+
+def _with_hint(e: InputError, fmt: str, head: bytes) -> InputError:
+    """``e`` with the format the file looks like, when that is another one than ``fmt``."""
+    guess = sniff_format(head)
+    if guess is None or guess == fmt:
+        return e
+    how = " with --prompt-col/--steps-col naming its columns" if guess in GENERIC else ""
+    return InputError(e.path, f"{e.detail}; the file looks like {guess} input (stepkit ingest {guess} FILE OUT{how})",
+                      row=e.row, column=e.column)
 
 
 def _same_file(a: Path, b: Path) -> bool:
@@ -811,18 +881,26 @@ def ingest(fmt: str, path: str | Path, out: str | Path, opts: IngestOptions, che
     """Read ``path`` in format ``fmt`` and write the shard ``out`` with its manifest.
 
     Returns the manifest. Raises :class:`InputError` on bad input (naming file, row and column) or an OUT
-    that would write over an input or a file ingest did not write; nothing is written then.
+    that would write over an input or a file ingest did not write, and :class:`ConfigError` for an option
+    that does not apply to ``fmt`` (:func:`option_conflicts`); nothing is written then.
     """
     path, out = Path(path), Path(out)
     if fmt not in FORMATS:
         raise InputError(path, f"unknown format {fmt!r} (choose {', '.join(FORMATS)})")
+    changed = [f.name for f in dataclasses.fields(opts) if getattr(opts, f.name) != f.default]
+    conflicts = option_conflicts(fmt, opts, changed)
+    if conflicts:
+        raise ConfigError(conflicts[0])
     if not path.exists():
         raise InputError(path, "no such file")
     check_output(path, out, opts.answers)
     if out.suffix != ".parquet":
         raise InputError(out, "OUT must be a .parquet file path")
     ing = Ingester(fmt, path, opts, checker)
-    rows, schema = ing.rows()
+    try:
+        rows, schema = ing.rows()
+    except _FormatError as e:
+        raise (_with_hint(e, fmt, bytes(ing.head)) if e.path == path else e) from None
     if not rows:
         raise InputError(path, "no records to ingest" + (" after --skip" if opts.skip else ""))
     _check_rows(rows, schema, path)
