@@ -285,6 +285,11 @@ def test_out_that_ingest_did_not_write_is_not_replaced(tmp_path, checker):
     parts.mkdir()
     with pytest.raises(InputError, match=r"is inside the parts folder of .*mc.parquet"):
         run("gsm8k", GSM8K, parts / "part-00000.parquet", checker, limit=2)
+    (tmp_path / "p.manifest.json").unlink()
+    (tmp_path / "p.manifest.json").mkdir()  # the new shard would be written, its manifest not
+    with pytest.raises(InputError, match=r"p.manifest.json: is a folder, and it is where OUT"):
+        run("gsm8k", GSM8K, tmp_path / "p.parquet", checker, limit=1)
+    assert len(rows_of(tmp_path / "p.parquet")) == 3
 
 
 # ---- D13: JSON that json refuses without a JSONDecodeError ------------------------------------------------

@@ -847,6 +847,8 @@ def check_output(path: Path, out: Path, answers: tuple[str, ...] = ()) -> None:
                               "write the shard somewhere else")
     if out.is_dir():
         raise InputError(out, "is a folder; OUT must be a .parquet file path")
+    if mp.is_dir():  # OUT would be replaced and its manifest left stale
+        raise InputError(mp, f"is a folder, and it is where OUT {out} writes its manifest; give OUT another name")
     if out.exists():
         stage = _written_by(out)
         if stage != "ingest":
