@@ -196,6 +196,16 @@ def test_jsonl_bad_ids_and_prompts_are_refused(tmp_path, checker, edit, msg):
         run("jsonl", src, tmp_path / "o.parquet", checker, **MATH_COLS, id_col="uid", problem_id_col="subject")
 
 
+def test_jsonl_generator_is_text_not_the_repr_of_an_object(tmp_path, checker):
+    recs = [{**r, "generator": g} for r, g in zip(math500_rows(3), ["gpt-4o", None, {"name": "x"}])]
+    src = write_jsonl(tmp_path / "m.jsonl", recs)
+    with pytest.raises(InputError, match=r"m.jsonl: row 2, column 'generator': expected str, found dict"):
+        run("jsonl", src, tmp_path / "o.parquet", checker, **MATH_COLS)
+    write_jsonl(src, recs[:2])
+    run("jsonl", src, tmp_path / "o.parquet", checker, **MATH_COLS)
+    assert [r["generator"] for r in rows_of(tmp_path / "o.parquet")] == ["gpt-4o", "unknown"]
+
+
 def test_gsm8k_blank_question_is_refused(tmp_path, checker):
     objs = [json.loads(x) for x in real_lines(GSM8K, 3)]
     objs[2]["question"] = "\t"

@@ -680,6 +680,13 @@ class Ingester:
             raise InputError(self.path, f"cannot read rows after row {len(rows)} ({str(e).splitlines()[0]})") from None
         return list(enumerate(rows)), list(pf.schema_arrow.names)
 
+    def _generator(self, obj: dict, row: int) -> str:
+        """The row's ``generator`` text ("unknown" when absent, null or blank), never the repr of an object."""
+        value = obj.get("generator")
+        if value is None or (isinstance(value, str) and not value.strip()):
+            return "unknown"
+        return _need(obj, "generator", self.path, row, str)
+
     def _generic(self):
         o = self.opts
         flags = {f.name: flag_of(f) for f in dataclasses.fields(IngestOptions)}
@@ -726,7 +733,7 @@ class Ingester:
             row = {"id": rid, "problem_id": pid, "_row": i,
                    "source": f"{self.path.name}/{i}", "prompt": prompt,
                    "reference_answer": ref, "steps": steps, "step_separator": sep,
-                   "final_answer": final, "generator": str(obj.get("generator") or "unknown"), "error": None}
+                   "final_answer": final, "generator": self._generator(obj, i), "error": None}
             if o.labels_col:
                 ratings = _need(obj, o.labels_col, self.path, i, list, "--labels-col")
                 try:
