@@ -11,7 +11,11 @@ class StepkitError(Exception):
 
 
 class InputError(StepkitError):
-    """Bad input data: unreadable file, missing column, wrong type, empty steps."""
+    """Bad input data: unreadable file, missing column, wrong type, empty steps.
+
+    Keeps ``path``, ``row``, ``column`` and ``detail`` (the message without its location), so a caller can
+    add to the message or move it to another row.
+    """
 
     def __init__(self, path, message, row=None, column=None):
         where = str(path)
@@ -20,7 +24,21 @@ class InputError(StepkitError):
         if column is not None:
             where += f"{',' if row is not None else ':'} column '{column}'"
         super().__init__(f"{where}: {message}")
-        self.path, self.row, self.column = path, row, column
+        self.path, self.row, self.column, self.detail = path, row, column, message
+
+
+def parse_failure(e: BaseException) -> str:
+    """Why a JSON or YAML parser refused a document, in words, for the parser errors that are not its own
+    decode errors: Python's limit on digits of an integer (``ValueError``), nesting deeper than the
+    interpreter's recursion limit (``RecursionError``); anything else by its first line."""
+    import sys
+
+    if isinstance(e, RecursionError):
+        return "nested too deeply"
+    text = str(e)
+    if isinstance(e, ValueError) and "integer string conversion" in text:
+        return f"an integer of more than {sys.get_int_max_str_digits()} digits"
+    return text.splitlines()[0] if text else type(e).__name__
 
 
 class ConfigError(StepkitError):

@@ -66,7 +66,7 @@ def test_gsm8k_solutions_one_generator(tmp_path, checker):
     ingest("gsm8k-solutions", DATA / "gsm8k" / "example_model_solutions.jsonl", out,
            IngestOptions(limit=3, generators=("175b_verification",)), checker, checker_settings())
     assert [r["id"] for r in rows_of(out)] == [f"gsm8k-test-{i}:175b_verification" for i in range(3)]
-    with pytest.raises(InputError, match="no generator 'gpt5'"):
+    with pytest.raises(InputError, match="row 0: --generator gpt5: no such generator"):
         ingest("gsm8k-solutions", DATA / "gsm8k" / "example_model_solutions.jsonl", tmp_path / "x.parquet",
                IngestOptions(limit=1, generators=("gpt5",)), checker, checker_settings())
 
@@ -210,7 +210,7 @@ def test_processbench_malformed_rows(tmp_path, checker):
     assert rows[1]["reference_first_error"] is None and rows[1]["reference_status"].startswith("inconsistent")
     for bad, msg in (({"steps": "1+1=2"}, "expected a list of strings"), ({"steps": []}, "empty steps"),
                      ({"problem": 5}, "expected str")):
-        src.write_text(json.dumps([good, {**good, **bad}]))
+        src.write_text(json.dumps([good, {**good, "id": "g-1", **bad}]))
         with pytest.raises(InputError, match=rf"row 1, column '\w+': {msg}"):
             ingest("processbench", src, tmp_path / "o.parquet", IngestOptions(), checker, checker_settings())
 

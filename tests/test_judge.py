@@ -305,6 +305,15 @@ def test_template_mode_must_match(tmp_path):
         load_template(bad)
 
 
+@pytest.mark.parametrize("body, why", [("version: " + "1" * 5000 + "\n", "an integer of more than 4300 digits"),
+                                       ("user: " + "[" * 100_000 + "]" * 100_000 + "\n", "nested too deeply")])
+def test_template_yaml_that_the_parser_refuses_is_a_config_error(tmp_path, body, why):
+    t = tmp_path / "t.yaml"
+    t.write_text(body)
+    with pytest.raises(ConfigError, match=rf"t.yaml: not a readable YAML template \({why}\)"):
+        load_template(t)
+
+
 # --- CLI on real ProcessBench rows (scripted judge: fast) -------------------------------------------
 
 @pytest.fixture(scope="module")

@@ -163,3 +163,21 @@ def test_fewshot_exemplars_must_not_be_the_problems_sampled(problems, tmp_path):
                         "--engine", "scripted", "--model", "scripted:echo", "--fewshot", "1", "--fewshot-file",
                         str(problems), "--no-progress"], capture_output=True, text=True)
     assert p.returncode == 1 and "row 0, column 'prompt': this problem is also a few-shot exemplar" in p.stderr
+
+
+@pytest.mark.parametrize("text, msg", [
+    ("samples: " + "1" * 5000 + "\n", "cannot read recipe (an integer of more than 4300 digits)"),
+    ("description: " + "[" * 100_000 + "]" * 100_000 + "\n", "cannot read recipe (nested too deeply)"),
+    ('split: "(?<=a+)"\n', "recipe key 'split': step split mode '(?<=a+)' is neither a known mode nor a valid regex"),
+    (b'instruction: "\xff\xfe"\n', "cannot read recipe ('utf-8' codec can't decode byte 0xff"),
+    ("fewshot: 2\n", "--fewshot needs --fewshot-file (or fewshot_file in the recipe)"),
+    ("fewshot: 1\nfewshot_file: nowhere.parquet\n", "nowhere.parquet: no such file"),
+])
+def test_bad_recipe_is_one_error_naming_the_recipe(problems, tmp_path, text, msg):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_bytes(text if isinstance(text, bytes) else text.encode())
+    p = subprocess.run([*STEPKIT, "rollout", str(problems), str(tmp_path / "o.parquet"), "--engine", "scripted",
+                        "--model", "scripted:echo", "--no-progress", "--recipe", str(recipe)],
+                       capture_output=True, text=True)
+    assert p.returncode == 1 and p.stderr.startswith(f"error: {recipe}: ") and p.stderr.count("\n") == 1, p.stderr
+    assert msg in p.stderr

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import click
 
-from stepkit.options import click_options, from_params
-from stepkit.stages.ingest import FORMATS, IngestOptions
+from stepkit.options import click_options, from_params, given_on_command_line
+from stepkit.stages.ingest import FORMATS, IngestOptions, option_conflicts
 
 
 @click.command("ingest")
@@ -22,12 +24,20 @@ def command(fmt, file, out, **kw):
       gsm8k-solutions  GSM8K example model solutions, one row/generator    -> trajectories
       processbench     ProcessBench gsm8k.json / math.json (human labels) -> trajectories
       jsonl, parquet   any rows, mapped with the --*-col options            -> trajectories
+
+    An option that does not apply to FORMAT (--generator with gsm8k, --id-col with processbench, --seed
+    without --sample) is a usage error, never silently ignored.
     """
     from stepkit.grading.verify import AnswerChecker, checker_settings
     from stepkit.stages.ingest import ingest
     from stepkit.views import make_console
 
     opts = from_params(IngestOptions, kw)
+    ctx = click.get_current_context()
+    given = [f.name for f in dataclasses.fields(IngestOptions) if given_on_command_line(ctx, f.name)]
+    conflicts = option_conflicts(fmt, opts, given)
+    if conflicts:
+        raise click.UsageError("; ".join(conflicts))
     with AnswerChecker() as checker:
         manifest = ingest(fmt, file, out, opts, checker, checker_settings())
     counts = ", ".join(f"{k} = {v}" for k, v in manifest["counts"].items())

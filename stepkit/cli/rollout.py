@@ -27,6 +27,7 @@ def command(problems, out, recipe, **kw):
     Each sample becomes a trajectory row (steps, final answer, graded outcome); samples cut off by
     --max-tokens are kept with rollout_finish_reason 'length' and left ungraded.
     """
+    from stepkit.errors import ConfigError, StepkitError
     from stepkit.stages.rollout import RolloutStage, load_recipe
 
     doc = load_recipe(recipe) if recipe else {}
@@ -34,9 +35,27 @@ def command(problems, out, recipe, **kw):
     # A flag given on the command line wins over the recipe, the recipe over the flag's default.
     keys = [f.name for f in dataclasses.fields(RolloutConfig)] + list(RECIPE_SAMPLING_KEYS)
     values = {k: (kw[k] if given_on_command_line(ctx, k) or k not in doc else doc[k]) for k in keys}
-    cfg = from_params(RolloutConfig, values)
-    stage = RolloutStage(cfg, engine_spec(kw), sampling({**kw, **values}, cfg.stop), generator=kw["model"])
+    try:
+        cfg = from_params(RolloutConfig, values)
+        prompt = cfg.prompt()  # reads the few-shot file
+    except StepkitError as e:
+        if doc and _builds({k: kw[k] for k in keys}):  # fine without the recipe's values: name the recipe
+            raise ConfigError(f"{recipe}: {e}") from None
+        raise
+    stage = RolloutStage(cfg, engine_spec(kw), sampling({**kw, **values}, cfg.stop), prompt=prompt,
+                         generator=kw["model"])
     run(stage, problems, out, kw, "rollout")
+
+
+def _builds(values: dict) -> bool:
+    """Whether the rollout options ``values`` make a config and a prompt (few-shot file read)."""
+    from stepkit.errors import StepkitError
+
+    try:
+        from_params(RolloutConfig, values).prompt()
+    except StepkitError:
+        return False
+    return True
 
 
 def _rollout_tables(rows, console, figs, shards):

@@ -18,7 +18,7 @@ import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from stepkit.errors import ConfigError
+from stepkit.errors import ConfigError, parse_failure
 from stepkit.grading.steps import render_prefix
 from stepkit.shards import config_hash
 
@@ -100,6 +100,8 @@ def load_template(path: str | Path) -> PromptTemplate:
         doc = yaml.safe_load(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
         raise ConfigError(f"{path}: not a readable YAML template ({e})") from None
+    except (ValueError, RecursionError) as e:  # an integer over Python's digit limit, nesting too deep
+        raise ConfigError(f"{path}: not a readable YAML template ({parse_failure(e)})") from None
     if not isinstance(doc, dict):
         raise ConfigError(f"{path}: a template is a mapping with version, user, system, mode")
     for key in ("version", "user"):

@@ -21,7 +21,7 @@ from typing import Any
 import pyarrow as pa
 
 from stepkit.engines.base import EngineSpec, Request, SamplingConfig
-from stepkit.errors import ConfigError, InputError, RowError
+from stepkit.errors import ConfigError, InputError, RowError, parse_failure
 from stepkit.grading.answers import extract_final_answer
 from stepkit.grading.steps import check_split, split_steps
 from stepkit.options import Config, check_field, field_names, opt
@@ -143,6 +143,8 @@ def load_recipe(path: str | Path) -> dict[str, Any]:
         doc = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
         raise ConfigError(f"{path}: cannot read recipe ({str(e).splitlines()[0]})") from None
+    except (ValueError, RecursionError) as e:  # an integer over Python's digit limit, nesting too deep
+        raise ConfigError(f"{path}: cannot read recipe ({parse_failure(e)})") from None
     if not isinstance(doc, dict):
         raise ConfigError(f"{path}: a recipe is a mapping of options")
     unknown = set(doc) - known
