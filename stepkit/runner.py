@@ -32,6 +32,7 @@ A stage is an object with ``name``, ``required_columns``, ``config()``, ``output
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -690,7 +691,9 @@ def run_shard(stage: Stage, plan: ShardPlan, opts: RunOptions, console=None, ope
     The stage must be open, or ``open_stage`` opens it once the lock is held (so a second run of the
     same OUT is refused before it loads a model). Raises StepkitError when the shard's error rate
     exceeds ``max_error_rate`` (committed parts are kept)."""
-    with _OutputLock(plan.output):
+    with contextlib.ExitStack() as locks:  # OUT and every side output: two runs never share a file
+        for path in sorted({plan.output, *plan.side_outputs.values()}):
+            locks.enter_context(_OutputLock(path))
         if open_stage:
             stage.open()
         return _run_shard(stage, plan, opts, console)
@@ -700,11 +703,8 @@ def _run_shard(stage: Stage, plan: ShardPlan, opts: RunOptions, console) -> Shar
     shard, out, ident = plan.input, plan.output, plan.identity
     chunk_size, n_rows = ident["chunk_size"], plan.rows
     parts = _parts_dir(out)
-    if opts.force:  # start over: discard partial and finished output of any configuration
-        shutil.rmtree(parts, ignore_errors=True)
-        for p in [out, *plan.side_outputs.values()]:
-            p.unlink(missing_ok=True)
-            manifest_path(p).unlink(missing_ok=True)
+    if opts.force:  # start over: discard partial output of any configuration; a finished OUT (and its
+        shutil.rmtree(parts, ignore_errors=True)  # side outputs) stays until the new one replaces it atomically
     else:  # the plan was checked before the model loaded; check again under the lock
         _check_existing(plan, False)
         if plan.status == "up to date":  # another run finished it meanwhile

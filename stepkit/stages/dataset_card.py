@@ -105,7 +105,9 @@ def _step_labels(folder: Path, files: list[str], fmt: str) -> list[tuple[list[fl
         t = pq.read_table(folder / f)
         if fmt == "trl":
             for labels in t.column("labels").to_pylist():
-                hard = bool(labels) and isinstance(labels[0], bool)
+                if not labels:
+                    continue
+                hard = isinstance(labels[0], bool)
                 first = next((i for i, x in enumerate(labels) if not x), -1) if hard else None
                 rows.append(([float(x) for x in labels], first))
         elif fmt == "math-shepherd":
@@ -268,8 +270,8 @@ def render_card(folder: Path, export_manifest: dict, splits: dict[str, list[str]
         card_data, template_path=str(template_path()), repo_id=repo_id, export=export_manifest, fmt=fmt,
         stages=stages, filters=filters, split_rows=split_rows, stats=stats, images=images,
         human=(export_manifest["config"].get("labels") or "").startswith("reference_"),
-        truncated=any(r.startswith(("truncate-after-first-error", "keep-correct-steps"))
-                      for s in filters for r in _rules(s)),
+        truncated=any(r.startswith("truncate-after-first-error") for s in filters for r in _rules(s)),
+        kept_correct=any(r.startswith("keep-correct-steps") for s in filters for r in _rules(s)),
     )
     return str(card)
 

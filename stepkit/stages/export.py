@@ -50,6 +50,7 @@ from stepkit import __version__
 from stepkit.errors import ConfigError, InputError, StepkitError
 from stepkit.grading.verdicts import first_error_of, labels_from_first_error
 from stepkit.options import Config, opt
+from stepkit.schema import check_columns
 from stepkit.shards import (
     file_sha256,
     iter_row_chunks,
@@ -63,6 +64,7 @@ from stepkit.shards import (
 FORMATS = ("trl", "math-shepherd", "processbench", "pairs")
 MANIFEST = "stepkit.manifest.json"
 STEP_TAG = " ки"  # Math-Shepherd's step tag
+TAG_WORD = re.compile(r"(?<!\w)ки(?!\w)")  # the tag as a word (Russian words that start with ки are fine)
 
 
 @dataclass(frozen=True)
@@ -118,6 +120,39 @@ def features_for(cfg: ExportConfig, kind: str | None = None):
                      "rejected_value": Value("float32")})
 
 
+def _textual(t: pa.DataType) -> bool:
+    t = t.value_type if pa.types.is_dictionary(t) else t
+    return pa.types.is_string(t) or pa.types.is_large_string(t)
+
+
+def _check_row(row: dict, path: Path, i: int, fmt: str, seen: set) -> None:
+    """One input row's values: text where text is needed, steps present, ids unique (InputError)."""
+    if fmt == "pairs":
+        if not row.get("prompt"):
+            raise InputError(path, "null or empty prompt", row=i, column="prompt")
+        for c in ("chosen", "rejected"):
+            if not row.get(c) or any(not isinstance(x, str) or not x.strip() for x in row[c]):
+                raise InputError(path, "null, empty or blank steps", row=i, column=c)
+        for c in ("chosen_value", "rejected_value"):
+            v = row.get(c)
+            if v is not None and not math.isfinite(v):
+                raise InputError(path, f"{v} is not a finite value", row=i, column=c)
+        return
+    if not row.get("id"):
+        raise InputError(path, "null or empty id", row=i, column="id")
+    if row["id"] in seen:
+        raise InputError(path, f"duplicate id {row['id']!r}: one row per id", row=i, column="id")
+    seen.add(row["id"])
+    if not row.get("prompt"):
+        raise InputError(path, "null or empty prompt", row=i, column="prompt")
+    steps = row.get("steps")
+    if not steps:
+        raise InputError(path, "null or empty steps (a dataset row needs at least one step)", row=i, column="steps")
+    for k, x in enumerate(steps):
+        if x is None or not x.strip():
+            raise InputError(path, f"step {k} is null or blank", row=i, column="steps")
+
+
 def _label_kind(schema: pa.Schema, path: Path, col: str) -> str:
     if col not in schema.names:
         raise InputError(path, f"missing --labels column (has: {', '.join(schema.names)})", column=col)
@@ -153,7 +188,14 @@ class Converter:
                 raise InputError(path, f"missing column for --format {self.cfg.format} "
                                        f"(has: {', '.join(schema.names)})", column=c)
         if self.cfg.format == "pairs":
+            for c in ("prefix_steps", "chosen", "rejected"):
+                t = schema.field(c).type
+                if not ((pa.types.is_list(t) or pa.types.is_large_list(t)) and _textual(t.value_type)):
+                    raise InputError(path, f"expected a list of step strings, found {t}", column=c)
+            if not _textual(schema.field("prompt").type):
+                raise InputError(path, f"expected a string, found {schema.field('prompt').type}", column="prompt")
             return
+        check_columns(schema, REQUIRED[self.cfg.format], path)  # steps list<string>, id string, outcome bool
         kind = _label_kind(schema, path, self.cfg.labels)
         if self.cfg.soft and kind != "float":
             raise InputError(path, f"--soft needs step values (list<float>), found "
@@ -211,10 +253,10 @@ class Converter:
                 rec["soft_labels"] = values
             return rec
         if f == "math-shepherd":
-            for s in steps:
-                if STEP_TAG.strip() in s:
-                    raise InputError(path, f"a step holds Math-Shepherd's step tag {STEP_TAG.strip()!r}", row=i,
-                                     column="steps")
+            for col, texts in (("prompt", [row["prompt"]]), ("steps", steps)):
+                if any(TAG_WORD.search(t) for t in texts):
+                    raise InputError(path, f"holds Math-Shepherd's step tag {STEP_TAG.strip()!r} as a word: the "
+                                           "tags would not match the labels", row=i, column=col)
             tags = [" +" if ok else " -" for ok in labels]
             return {"id": row["id"], "input": row["prompt"] + " " + "\n".join(s + STEP_TAG for s in steps),
                     "label": row["prompt"] + " " + "\n".join(s + t for s, t in zip(steps, tags)),
@@ -252,12 +294,13 @@ def _task(source: str | None) -> str:
 
 def _test_problems(ids: list[str], cfg: ExportConfig) -> set[str]:
     """The problems of the test split: a seeded shuffle of the sorted distinct ids, first share/count."""
-    uniq = sorted(set(ids))
     if cfg.test_size is None:
         return set()
+    uniq = sorted(set(ids))
     k = int(cfg.test_size) if cfg.test_size >= 1 else math.ceil(cfg.test_size * len(uniq))
     if k >= len(uniq):
-        raise ConfigError(f"--test-size {cfg.test_size} takes {k} of {len(uniq)} problems: nothing left to train on")
+        raise ConfigError(f"--test-size {cfg.test_size:g} takes {min(k, 10**9)}{'+' if k > 10**9 else ''} of "
+                          f"{len(uniq)} problems: nothing left to train on")
     random.Random(cfg.seed).shuffle(uniq)
     return set(uniq[:k])
 
@@ -286,8 +329,9 @@ def export(in_path: str | os.PathLike, out: str | os.PathLike, cfg: ExportConfig
             options without ``force``. The same export of the same inputs returns the existing manifest
             with ``status: "up to date"``.
     """
-    out = Path(out)
+    out = Path(out).absolute()  # (a relative "." has no name to put a temporary folder beside)
     shards = list_shards(in_path)
+    _remove_stale(out, "tmp")
     hashes = [file_sha256(p) for p in shards]
     config = {k: getattr(cfg, k) for k in cfg.__dataclass_fields__}
     old = read_export_manifest(out) if out.is_dir() else None
@@ -299,8 +343,19 @@ def export(in_path: str | os.PathLike, out: str | os.PathLike, cfg: ExportConfig
     conv = Converter(cfg)
     for p in shards:
         conv.check_schema(open_parquet(p).schema_arrow, p)
-    key = "problem_id" if cfg.format == "pairs" or "problem_id" in open_parquet(shards[0]).schema_arrow.names else "id"
-    ids = [r.get(key) for p in shards for _, rows in iter_row_chunks(p, 65536, columns=[key]) for r in rows]
+    has_pid = [p for p in shards if "problem_id" in open_parquet(p).schema_arrow.names]
+    key = "problem_id" if cfg.format == "pairs" or len(has_pid) == len(shards) else "id"
+    if cfg.test_size is not None and has_pid and key == "id":  # a problem's rows would land in both splits
+        missing = next(p for p in shards if p not in has_pid)
+        raise InputError(missing, "has no problem_id column, which --test-size splits by (other shards have it)",
+                         column="problem_id")
+    ids = []
+    for p in shards:
+        for first, rows in iter_row_chunks(p, 65536, columns=[key]):
+            for j, r in enumerate(rows):
+                if r.get(key) is None and cfg.test_size is not None:
+                    raise InputError(p, f"null {key}: --test-size splits by it", row=first + j, column=key)
+                ids.append(r.get(key))
     test = _test_problems(ids, cfg)
     features = features_for(cfg, conv.kind)
     schema = features.arrow_schema
@@ -313,6 +368,7 @@ def export(in_path: str | os.PathLike, out: str | os.PathLike, cfg: ExportConfig
     counts = {"rows_in": 0, "rows_out": 0, "null_labels": 0, "filtered": 0, "steps": 0, "labels_true": 0,
               "labels_false": 0}
     value_sum = 0.0
+    seen_ids: set = set()
 
     def flush(split: str) -> None:
         path = tmp / "data" / f".{split}-{len(files[split]):05d}.parquet"
@@ -325,6 +381,7 @@ def export(in_path: str | os.PathLike, out: str | os.PathLike, cfg: ExportConfig
             for first, rows in iter_row_chunks(p, 4096):
                 for j, row in enumerate(rows):
                     counts["rows_in"] += 1
+                    _check_row(row, p, first + j, cfg.format, seen_ids)
                     if flagged(row):
                         counts["filtered"] += 1
                         continue
@@ -358,7 +415,7 @@ def export(in_path: str | os.PathLike, out: str | os.PathLike, cfg: ExportConfig
                                    f"{counts['filtered']}); nothing written")
             if buffers[s]:
                 flush(s)
-        data_files = {}
+        data_files: dict[str, list[str]] = {}
         for s in splits:
             n = len(files[s])
             data_files[s] = []
@@ -374,7 +431,8 @@ def export(in_path: str | os.PathLike, out: str | os.PathLike, cfg: ExportConfig
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "config": config,
             "label_rule": _label_rule(cfg, conv.kind),
-            "splits": {s: {"rows": split_rows[s], "files": data_files[s]} for s in splits},
+            "splits": {s: {"rows": split_rows[s], "files": data_files[s],
+                           "sha256": {f: file_sha256(tmp / f) for f in data_files[s]}} for s in splits},
             "counts": counts, "features": features.to_dict(),
             "inputs": [{"path": str(p), "sha256": h, "manifest": read_manifest(p)} for p, h in zip(shards, hashes)],
         }
@@ -382,12 +440,35 @@ def export(in_path: str | os.PathLike, out: str | os.PathLike, cfg: ExportConfig
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    old = out.with_name(f".{out.name}.old-{os.getpid()}")
-    if out.exists():
-        out.rename(old)
-    tmp.rename(out)
-    shutil.rmtree(old, ignore_errors=True)
+    if not out.exists():
+        tmp.rename(out)  # a new OUT appears at once
+    else:  # swap the contents, keeping the folder itself (it may be a shell's current folder)
+        old = out.with_name(f".{out.name}.old-{os.getpid()}")
+        old.mkdir()
+        for entry in list(out.iterdir()):
+            entry.rename(old / entry.name)
+        for entry in list(tmp.iterdir()):
+            entry.rename(out / entry.name)
+        shutil.rmtree(old, ignore_errors=True)
+        tmp.rmdir()
     return manifest
+
+
+def _remove_stale(path: Path, kind: str) -> None:
+    """Remove ``.<name>.<kind>-<pid>`` folders beside ``path`` that a killed run left (its pid is gone)."""
+    for p in path.parent.glob(f".{glob_escape(path.name)}.{kind}-*"):
+        pid = p.name.rsplit("-", 1)[-1]
+        if pid.isdigit() and int(pid) != os.getpid():
+            try:
+                os.kill(int(pid), 0)
+            except ProcessLookupError:
+                shutil.rmtree(p, ignore_errors=True)
+            except PermissionError:
+                pass
+
+
+def glob_escape(name: str) -> str:
+    return re.sub(r"([*?\[])", r"[\1]", name)
 
 
 def _label_rule(cfg: ExportConfig, kind: str | None) -> str:

@@ -181,12 +181,12 @@ class Truncate(_FirstErrorRule):
 
 
 def _values(v) -> list[float]:
-    """The non-null numbers of a cell (a number, or a per-step list of numbers or bools)."""
+    """The non-null, finite numbers of a cell (a number, or a per-step list of numbers or bools); NaN
+    counts as null, so it never decides a comparison by where it sits."""
     if v is None:
         return []
-    if isinstance(v, (list, tuple)):
-        return [float(x) for x in v if x is not None]
-    return [float(v)]
+    xs = [float(x) for x in (v if isinstance(v, (list, tuple)) else [v]) if x is not None]
+    return [x for x in xs if math.isfinite(x)]
 
 
 def _check_numeric(schema, path, col, rule):
@@ -221,11 +221,33 @@ class Status(Rule):
     kind = "status"
 
     def __init__(self, text, col, negate, values):
-        self.text, self.columns, self.negate, self.values = text, (col,), negate, set(values)
+        self.text, self.columns, self.negate, self.raw = text, (col,), negate, [v for v in values]
+        self.values: set = set(values)
+
+    def check_schema(self, schema, path):
+        super().check_schema(schema, path)
+        col = self.columns[0]
+        t = schema.field(col).type
+        if pa.types.is_list(t) or pa.types.is_large_list(t):
+            raise InputError(path, f"--rule {self.text!r} compares a whole cell, found a list column {t}", column=col)
+        try:
+            if pa.types.is_boolean(t):
+                words = {"true": True, "false": False}
+                self.values = {words[v.lower()] for v in self.raw}
+            elif pa.types.is_integer(t):
+                self.values = {int(v) for v in self.raw}
+        except (KeyError, ValueError):
+            raise InputError(path, f"--rule {self.text!r}: {', '.join(self.raw)} is not a {t} value "
+                                   f"({'true or false' if pa.types.is_boolean(t) else 'an integer'})",
+                             column=col) from None
 
     def decide(self, rows, cfg):
-        return [KEEP if ((str(r.get(self.columns[0])) in self.values) != self.negate) else ("drop", "status")
-                for r in rows]
+        col = self.columns[0]
+        if not self.negate and rows and not any(r.get(col) in self.values for r in rows):
+            present = sorted({str(r.get(col)) for r in rows})[:10]
+            raise ConfigError(f"--rule {self.text!r}: no row has {col} {' or '.join(self.raw)} (present: "
+                              f"{', '.join(present)}); a typo would drop every row")
+        return [KEEP if ((r.get(col) in self.values) != self.negate) else ("drop", "status") for r in rows]
 
 
 class Dedupe(Rule):
@@ -328,6 +350,8 @@ def parse_rule(text: str) -> Rule:
             a, _, b = arg.partition(",")
             if not b or "," in b:
                 raise ValueError("needs two columns, consensus:A,B")
+            if a.strip() == b.strip():
+                raise ValueError("compares a column with itself: name two labellers' columns")
             return Consensus(text, _column(a.strip(), text), _column(b.strip(), text))
         if kind in ("truncate-after-first-error", "keep-correct-steps"):
             return Truncate(text, _column(arg, text), kind == "truncate-after-first-error")
@@ -394,7 +418,9 @@ class FilterStage(Stage):
     def validate(self, rows, path, first_row):
         """Every per-step column of a row has one entry per step (null cells are allowed)."""
         for i, r in enumerate(rows):
-            n = len(r["steps"]) if r.get("steps") is not None else None
+            if not r.get("steps"):
+                raise InputError(path, "null or empty steps", row=first_row + i, column="steps")
+            n = len(r["steps"])
             for c in r:
                 v = r[c]
                 if c != "steps" and (c in PER_STEP_COLUMNS or c in self.cfg.step_column) and v is not None \
@@ -413,9 +439,12 @@ class FilterStage(Stage):
         def cut(row: dict, n: int) -> dict:
             return {**row, **{c: row[c][:n] for c in step_cols if row.get(c) is not None}}
 
-        views = [dict(r) for r in rows]  # steps as cut so far
+        # steps as cut so far, starting from the cuts an earlier --flag-only run left pending
+        views = [cut(r, r["filter_kept_steps"]) if (r.get("filter_kept_steps") or len(r["steps"])) < len(r["steps"])
+                 else dict(r) for r in rows]
         reason: list[tuple[str, str] | None] = [None] * len(rows)
-        cut_by: list[str | None] = [None] * len(rows)
+        cut_by: list[str | None] = [r.get("filter_cut_by") if len(views[i]["steps"]) < len(r["steps"]) else None
+                                    for i, r in enumerate(rows)]
         for i, r in enumerate(rows):
             if r.get("filter_reason"):  # flagged by an earlier --flag-only run
                 reason[i] = (r["filter_reason"], r.get("filter_rule") or "")

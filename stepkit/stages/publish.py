@@ -33,11 +33,12 @@ import pyarrow.parquet as pq
 
 from stepkit.errors import ConfigError, StepkitError
 from stepkit.options import Config, opt
-from stepkit.shards import write_json
+from stepkit.shards import file_sha256, write_json
 from stepkit.stages import dataset_card
-from stepkit.stages.export import MANIFEST, read_export_manifest
+from stepkit.stages.export import MANIFEST, _remove_stale, read_export_manifest
 
 RETRY_STATUS = {408, 412, 429, 500, 502, 503, 504}
+MAX_WAIT = 300.0  # seconds: the longest wait before a retry, whatever a Retry-After header asks
 UPLOADED = ("README.md", "lineage.json", "data/*", "images/*")  # the rest of FOLDER stays local (manifest, caches)
 
 
@@ -59,19 +60,50 @@ class PublishConfig(Config):
         super().__post_init__()
         if self.repo_id is None and not self.dry_run:
             raise ConfigError("give --repo-id ORG/NAME, or --dry-run to check the folder without uploading")
-        if self.repo_id is not None and (self.repo_id.count("/") != 1 or not all(self.repo_id.split("/"))):
-            raise ConfigError(f"--repo-id {self.repo_id!r}: write ORG/NAME")
+        if self.repo_id is not None:
+            if self.repo_id.count("/") != 1 or not all(self.repo_id.split("/")):
+                raise ConfigError(f"--repo-id {self.repo_id!r}: write ORG/NAME")
+            from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+            try:
+                validate_repo_id(self.repo_id)
+            except HFValidationError as e:
+                raise ConfigError(f"--repo-id {self.repo_id!r}: not a Hub repository id ({str(e).splitlines()[0][:160]})"
+                                  ) from None
 
 
 def _splits(folder: Path, manifest: dict) -> dict[str, list[str]]:
-    splits = {s: list(info["files"]) for s, info in manifest["splits"].items()}
+    """The data files of each split, checked against the export manifest: the same files, rows and bytes.
+
+    Raises:
+        ConfigError: a damaged manifest, or data files the export did not write (added, missing, replaced).
+    """
+    try:
+        splits = {s: [str(f) for f in info["files"]] for s, info in manifest["splits"].items()}
+        rows = {s: int(info["rows"]) for s, info in manifest["splits"].items()}
+        hashes = {f: h for info in manifest["splits"].values() for f, h in (info.get("sha256") or {}).items()}
+        manifest["config"]["format"]
+    except (KeyError, TypeError, AttributeError, ValueError):
+        raise ConfigError(f"{folder / MANIFEST}: damaged (no splits, files, rows or format); re-export the folder"
+                          ) from None
     listed = {f for fs in splits.values() for f in fs}
     on_disk = {f"data/{p.name}" for p in (folder / "data").glob("*") if not p.name.startswith(".")}
     if on_disk != listed:
         extra, missing = sorted(on_disk - listed), sorted(listed - on_disk)
-        raise ConfigError(f"{folder}/data: holds {'files the export did not write: ' + ', '.join(extra) if extra else ''}"
-                          f"{'; ' if extra and missing else ''}{'misses ' + ', '.join(missing) if missing else ''}; "
-                          "re-export the folder (one dataset is one export)")
+        what = "; ".join(x for x in (f"holds files the export did not write: {', '.join(extra)}" if extra else "",
+                                      f"lacks files the export wrote: {', '.join(missing)}" if missing else "") if x)
+        raise ConfigError(f"{folder}/data: {what}; re-export the folder (one dataset is one export)")
+    for s, fs in splits.items():
+        for f in fs:
+            if f in hashes and file_sha256(folder / f) != hashes[f]:
+                raise ConfigError(f"{folder / f}: not the file the export wrote (its bytes changed); re-export")
+        try:
+            n = sum(pq.ParquetFile(folder / f).metadata.num_rows for f in fs)
+        except (pa.ArrowException, OSError) as e:
+            raise ConfigError(f"{folder}: a {s} data file is not readable Parquet ({str(e).splitlines()[0][:120]})"
+                              ) from None
+        if n != rows[s]:
+            raise ConfigError(f"{folder}: split {s} holds {n} rows, the export wrote {rows[s]}; re-export")
     return splits
 
 
@@ -146,7 +178,7 @@ def _is_transport_error(e: Exception) -> bool:
                                                                       "requests", "urllib3")
 
 
-def with_retries(call, what: str, cfg: PublishConfig, endpoint: str, sleep=time.sleep):
+def with_retries(call, what: str, cfg: PublishConfig, endpoint: str, sleep=None):
     """Run ``call()``; retry on HTTP 408/412/429/5xx and connection errors with exponential backoff.
 
     Raises:
@@ -168,14 +200,15 @@ def with_retries(call, what: str, cfg: PublishConfig, endpoint: str, sleep=time.
             if status not in RETRY_STATUS:
                 raise StepkitError(f"{endpoint}: {what} failed (HTTP {status}): {msg}") from None
             last = f"HTTP {status}: {msg}"
-            delay = _retry_after(e) or wait
+            delay = min(_retry_after(e) or wait, MAX_WAIT)
         except Exception as e:  # noqa: BLE001 - the HTTP library's transport errors, whichever it is
             if not _is_transport_error(e):
-                raise
+                raise StepkitError(f"{endpoint}: {what} failed ({type(e).__name__}: "
+                                   f"{(str(e).splitlines() or [''])[0][:200]})") from None
             last, delay = f"cannot reach the Hub ({type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''})", wait
         if attempt == cfg.max_retries:
             raise StepkitError(f"{endpoint}: {what} failed after {cfg.max_retries + 1} attempts: {last}")
-        sleep(delay)
+        (sleep or time.sleep)(delay)
         wait *= 2
 
 
@@ -187,7 +220,8 @@ def publish(folder: str | os.PathLike, cfg: PublishConfig, log=print) -> dict[st
         ConfigError: not an export folder; data files that are not the export's.
         StepkitError: the folder does not load with ``datasets``; an upload error (one line).
     """
-    folder = Path(folder)
+    folder = Path(folder).absolute()
+    _remove_stale(folder, "publish")
     manifest = read_export_manifest(folder)
     if manifest is None:
         raise ConfigError(f"{folder}: not a stepkit export folder (no readable {MANIFEST}); run stepkit export first")
@@ -206,7 +240,10 @@ def publish(folder: str | os.PathLike, cfg: PublishConfig, log=print) -> dict[st
                                         images, stats)
         (staging / "README.md").write_text(card)
         write_json(staging / "lineage.json", dataset_card.public_lineage(manifest))
-        rows = check_loads(staging, splits)
+        try:
+            rows = check_loads(staging, splits)
+        except StepkitError as e:  # name the user's folder, not the staging copy
+            raise StepkitError(str(e).replace(str(staging), str(folder))) from None
         files = _upload_files(staging)
         report: dict[str, Any] = {"files": files, "splits": rows, "card": card, "images": images}
         if not cfg.dry_run:
@@ -235,6 +272,9 @@ def _upload(staging: Path, cfg: PublishConfig, manifest: dict, n_rows: int) -> s
     from huggingface_hub.utils import disable_progress_bars
 
     disable_progress_bars()  # stepkit prints its own summary of what was uploaded
+    from huggingface_hub.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()  # its own retry notices; stepkit reports the outcome in one line
 
     endpoint = cfg.endpoint or os.environ.get("HF_ENDPOINT") or constants.ENDPOINT
     if constants.HF_HUB_OFFLINE:
