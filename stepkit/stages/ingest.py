@@ -3,16 +3,19 @@
 Formats:
 
 * ``gsm8k``: GSM8K problems (``question``, ``answer`` with ``<<a=b>>`` annotations and ``#### N``) ->
-  problem shard; ``reference_answer`` from ``#### N``, ``reference_steps`` the gold solution lines.
+  problem shard; ``reference_answer`` from ``#### N``, ``reference_steps`` the gold solution lines,
+  ``reference_solution`` the ``answer`` field as written (its ``<<a=b>>`` annotations kept, for ``clue``).
 * ``gsm8k-solutions``: OpenAI's GSM8K example model solutions (one object per problem, one key per
   generator, each ``{solution, is_correct}``) -> trajectory shard with one row per chosen generator;
   steps are the solution lines, the outcome is recomputed with stepkit's checker and compared with the
-  file's ``is_correct`` (kept as ``source_outcome_correct``).
+  file's ``is_correct`` (kept as ``source_outcome_correct``); ``reference_solution`` is the annotated
+  ``ground_truth``.
 * ``processbench``: ProcessBench (Zheng et al. 2024) ``gsm8k.json``/``math.json`` -> trajectories with the
   human first-error label as ``reference_first_error``. ProcessBench has no gold answers: they are
   recovered by problem text from GSM8K test / MATH-500 (files found beside the ProcessBench folder or
   given with ``--answers``), else from another row of the same problem whose final answer is marked
-  correct.
+  correct. A row matched to a GSM8K test problem gets that problem's annotated solution as
+  ``reference_solution``.
 * ``jsonl`` / ``parquet``: any rows, with column-mapping options.
 """
 
@@ -31,12 +34,13 @@ from stepkit.grading.answers import extract_final_answer, extract_gsm8k_referenc
 from stepkit.grading.steps import check_split, split_steps
 from stepkit.grading.values import answer_text, json_integer
 from stepkit.options import Config, opt
-from stepkit.schema import PROBLEM_SCHEMA, REFERENCE_FIELDS, TRAJECTORY_SCHEMA, extend_schema
+from stepkit.schema import PROBLEM_SCHEMA, REFERENCE_FIELDS, REFERENCE_SOLUTION_FIELD, TRAJECTORY_SCHEMA, extend_schema
 from stepkit.shards import file_sha256, write_shard
 
 FORMATS = ("gsm8k", "gsm8k-solutions", "processbench", "jsonl", "parquet")
 GSM8K_GENERATORS = ("6b_finetuning", "6b_verification", "175b_finetuning", "175b_verification")
 TRAJ_SCHEMA_WITH_REFS = extend_schema(TRAJECTORY_SCHEMA, REFERENCE_FIELDS)
+PROBLEM_SCHEMA_WITH_SOLUTION = extend_schema(PROBLEM_SCHEMA, [REFERENCE_SOLUTION_FIELD])
 
 
 @dataclass(frozen=True)
@@ -213,8 +217,9 @@ class Ingester:
             split = self.path.stem  # test.jsonl -> gsm8k-test-17, train.jsonl -> gsm8k-train-17
             rows.append({"problem_id": f"gsm8k-{split}-{i}", "source": f"gsm8k/{split}/{i}",
                          "prompt": strip_calculator_annotations(q).strip(), "reference_answer": ref,
-                         "reference_steps": [x for x in lines if x and not x.startswith("####")]})
-        return rows, PROBLEM_SCHEMA
+                         "reference_steps": [x for x in lines if x and not x.startswith("####")],
+                         "reference_solution": a})
+        return rows, PROBLEM_SCHEMA_WITH_SOLUTION
 
     # ---- gsm8k example model solutions -------------------------------------------------------
     def _gsm8k_solutions(self):
@@ -243,7 +248,7 @@ class Ingester:
                 row = {"id": f"gsm8k-test-{i}:{g}", "problem_id": f"gsm8k-test-{i}", "source": f"gsm8k/test/{i}",
                        "prompt": strip_calculator_annotations(q).strip(), "reference_answer": ref,
                        "steps": steps, "step_separator": sep, "final_answer": final, "generator": g,
-                       "source_outcome_correct": obj[g].get("is_correct"), "error": None}
+                       "source_outcome_correct": obj[g].get("is_correct"), "reference_solution": gt, "error": None}
                 if not steps:
                     row["error"] = "ingest: solution has no steps"
                     row["steps"] = []
@@ -313,6 +318,7 @@ class Ingester:
                          "final_answer": final, "generator": obj.get("generator"),
                          "source_outcome_correct": obj["final_answer_correct"],
                          "reference_first_error": label if valid_label else None, "error": None,
+                         "reference_solution": self._solutions.get(_norm(obj["problem"])),
                          "reference_status": first_error_status(obj["final_answer_correct"], label, len(steps))})
             pairs.append((ref, final))
         graded = [(r, p) for r, p in zip(rows, pairs) if r["reference_answer"] is not None]
@@ -324,10 +330,12 @@ class Ingester:
         return rows, TRAJ_SCHEMA_WITH_REFS
 
     def _reference_answers(self) -> dict[str, str]:
-        """Problem text -> gold answer from GSM8K test and MATH-500 files (``--answers`` or siblings)."""
+        """Problem text -> gold answer from GSM8K test and MATH-500 files (``--answers`` or siblings); the
+        GSM8K rows' annotated solutions go into ``self._solutions`` (problem text -> ``reference_solution``)."""
         files = [Path(p) for p in self.opts.answers] or [
             self.path.parent.parent / "gsm8k" / "test.jsonl", self.path.parent.parent / "math500" / "test.jsonl"]
-        out = {}
+        out: dict[str, str] = {}
+        self._solutions: dict[str, str] = {}
         for f in files:
             if not f.exists():
                 continue
@@ -335,6 +343,7 @@ class Ingester:
                 if "question" in obj and "answer" in obj:
                     try:
                         out[_norm(obj["question"])] = extract_gsm8k_reference(obj["answer"])
+                        self._solutions[_norm(obj["question"])] = obj["answer"]
                     except ValueError:
                         pass
                 elif "problem" in obj and "answer" in obj:
