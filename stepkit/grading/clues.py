@@ -60,9 +60,12 @@ class StepNumbers:
         computed: the values the step computes: the right side of each ``=`` that is one number (or a
             fraction), and the contents of its ``\boxed{}``; as text, in order.
         claims: its arithmetic claims.
+        fractions: the fractions it writes, ``a/b`` (``3/4``, ``\frac{3}{4}``): matched against clues,
+            never counted as new numbers (their parts are in ``stated``).
     """
 
     stated: list[str] = field(default_factory=list)
+    fractions: list[str] = field(default_factory=list)
     computed: list[str] = field(default_factory=list)
     claims: list[Claim] = field(default_factory=list)
 
@@ -86,8 +89,8 @@ def number_value(text: str) -> Fraction | None:
 
 
 def reference_clues(annotated: str, reference_answer: str | None = None) -> list[Clue]:
-    """Clues from a GSM8K-annotated reference solution, one per ``<<expression=value>>``, in order (a line
-    with no annotation gives one clue per arithmetic claim ``a op b = c`` it writes, :func:`read_step`).
+    """Clues from a GSM8K-annotated reference solution, one per ``<<expression=value>>``, in order (a solution
+    with no annotation at all gives one clue per arithmetic claim ``a op b = c`` it writes, :func:`read_step`).
 
     ``text`` is the line stating it (annotations removed; ``expression = value`` is added when a line
     holds several), ``value`` the annotation's result as written, ``depends_on`` the earlier clues whose
@@ -98,11 +101,12 @@ def reference_clues(annotated: str, reference_answer: str | None = None) -> list
         A list, empty when the text has no annotation and no reference answer is given.
     """
     clues: list[Clue] = []
+    bare = not _ANNOTATION.search(annotated)
     for line in annotated.splitlines():
         found = list(_ANNOTATION.finditer(line))
         plain = " ".join(strip_calculator_annotations(line).split())
         pairs = [(m.group(1).strip(), m.group(2).strip()) for m in found]
-        if not found and not line.lstrip().startswith("####"):  # a line the annotator left bare: its own claims
+        if bare and not line.lstrip().startswith("####"):  # a solution with no annotation: its own claims
             pairs = [(c.lhs, c.rhs) for c in read_step(line).claims if not _OPERATOR.search(c.rhs)]
         for expr, value in pairs:
             operands = {number_value(x) for x in _NUM.findall(expr)}
@@ -129,6 +133,7 @@ _DROP = re.compile(r"\\left|\\right|\\[()\[\]]|\\[,;:! ]|\$|\\boxed|\\fbox|\\qua
 _THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
 _X_TIMES = re.compile(r"(?<=\d)[ \t]*[xX][ \t]*(?=\d)")
 _ALLOWED = frozenset("0123456789.+-*/()%^ \t")
+_FRACTION = re.compile(r"(?<![\d.])\(*(\d+)\)*\s*/\s*\(*(\d+)\)*(?![\d.])")
 _OPERATOR = re.compile(r"[\d)%]\s*[-+*/^]\s*[\d(.]")
 
 
@@ -289,6 +294,7 @@ def read_step(step: str) -> StepNumbers:
                 out.computed.append(val.replace(" ", ""))
     t = normalise(step)
     out.stated = [m.group() for m in _NUM.finditer(t)]
+    out.fractions = [f"{m.group(1)}/{m.group(2)}" for m in _FRACTION.finditer(t)]
     for m in re.finditer(r"(?<![<>=!])=(?!=)", t):
         lhs_run, rhs_run = _side(t, m.start() - 1, -1), _side(t, m.end(), 1)
         rhs = _trim(rhs_run) if rhs_run else ""

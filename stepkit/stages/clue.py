@@ -493,7 +493,7 @@ class ClueScoreStage(EngineStage):
             values = r["_clues"]["clue_values"]
             numeric = self._numeric(r)
             for s, sn in enumerate(reads[id(r)]):
-                for text in dict.fromkeys(sn.stated + sn.computed):
+                for text in dict.fromkeys(sn.stated + sn.computed + sn.fractions):
                     for k in numeric:
                         if _close(values[k], text):
                             pairs.append((values[k], text))
