@@ -49,7 +49,11 @@ REFERENCE_FIELDS = [
     pa.field("reference_status", pa.string()),
     # Human step labels from an imported dataset (hard labels; see ``ingest --neutral-as``).
     pa.field("reference_labels", pa.list_(pa.bool_())),
+    REFERENCE_SOLUTION_FIELD := pa.field("reference_solution", pa.string()),
 ]
+# ``reference_solution``: the gold solution as the source writes it, GSM8K's ``<<a=b>>`` calculator
+# annotations kept (``ingest gsm8k``, ``gsm8k-solutions``, ``processbench`` for rows matched to GSM8K test);
+# ``clue recover --from-reference`` reads its intermediate values from them.
 
 ROLLOUT_FIELDS = [
     pa.field("rollout_finish_reason", pa.string()),
@@ -141,6 +145,7 @@ PER_STEP_COLUMNS = frozenset(
     ["steps", "reference_labels"]
     + [f.name for f in MC_FIELDS + MCTS_FIELDS if pa.types.is_list(f.type)]
     + ["judge_label", "judge_correct_votes"]
+    + ["clue_hits", "clue_false_claims", "clue_score", "clue_label"]
 )
 
 PROBLEM_SCHEMA = pa.schema(PROBLEM_FIELDS)

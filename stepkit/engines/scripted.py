@@ -6,7 +6,8 @@ estimators and searches can be checked to the count: of ``n`` samples, the first
 answer correctly. Every stage is also tested against the real vLLM engine.
 
 From the CLI, ``--engine scripted --model scripted:echo`` answers "The answer is <last number in the
-prompt>" (deterministic, fast); ``scripted:judge`` answers judge prompts (:func:`judge_policy`); ``STEPKIT_SCRIPTED_DELAY`` (seconds per request) slows it down so tests
+prompt>" (deterministic, fast); ``scripted:judge`` answers judge prompts (:func:`judge_policy`); ``scripted:clues`` answers the clue
+recovery and clue verification prompts of ``stepkit clue`` (:func:`clues_policy`); ``STEPKIT_SCRIPTED_DELAY`` (seconds per request) slows it down so tests
 can kill a run mid-shard.
 """
 
@@ -44,6 +45,38 @@ def judge_policy(prompt: str, j: int, n: int) -> str:
         lines = [f"Paragraph {k}: {'correct' if first == -1 or k < first else 'incorrect'}" for k in range(m)]
         return "Checked each paragraph.\n" + "\n".join(lines)
     return f"Checked each paragraph.\n\\boxed{{{first}}}"
+
+
+def clues_policy(prompt: str, j: int, n: int) -> str:
+    """A stand-in for ``stepkit clue``. A recovery prompt (``clue-recover`` template) is answered with one
+    ``CLUE k`` line per arithmetic claim ``a op b = c`` of the reference solution shown in it (value c;
+    ``uses`` the earlier clues whose value is an operand), and a reply with no clue line when it shows no
+    reference solution ("(none)"), which the stage must record as a parse failure. A verification prompt
+    (``clue-verify`` template) is answered with ``\\boxed{k}``, k the first paragraph that states the
+    clue's last number (-1 none); a clue with no number gets a reply with no box (a verdict failure)."""
+    from stepkit.grading.clues import number_value, read_step
+
+    if "[Verified answer]" in prompt:
+        solution = prompt.split("[Reference solution]", 1)[1].split("Work backward", 1)[0].strip()
+        if solution.startswith("(none)"):
+            return "I cannot work backward without a reference solution."
+        lines, values = [], []
+        for claim in (c for line in solution.splitlines() for c in read_step(line).claims):
+            ops = {number_value(x) for x in re.findall(r"\d+(?:\.\d+)?", claim.lhs)}
+            uses = [str(i + 1) for i, v in enumerate(values) if v in ops] or ["none"]
+            lines.append(f"CLUE {len(lines) + 1}: {claim.lhs} = {claim.rhs} || value: {claim.rhs} || uses: "
+                         f"{', '.join(uses)}")
+            values.append(number_value(claim.rhs))
+        return "Working backward from the answer.\n" + "\n".join(lines)
+    if "[Clue]" in prompt:
+        clue = prompt.split("[Clue]", 1)[1].split("Does any paragraph", 1)[0]
+        nums = _NUMBER.findall(clue.replace(",", ""))
+        if not nums:
+            return "I cannot tell."
+        paragraphs = re.findall(r"<paragraph_(\d+)>\n(.*?)\n</paragraph_\1>", prompt, re.DOTALL)
+        hit = next((int(k) for k, text in paragraphs if nums[-1] in _NUMBER.findall(text.replace(",", ""))), -1)
+        return f"Checked each paragraph.\n\\boxed{{{hit}}}"
+    return echo_policy(prompt, j, n)
 
 
 class KnownValuePolicy:
@@ -87,14 +120,16 @@ class ScriptedEngine(Engine):
 
     @classmethod
     def from_spec(cls, spec: str) -> "ScriptedEngine":
-        """``scripted`` or ``scripted:echo`` -> the echo policy, ``scripted:judge`` -> :func:`judge_policy`.
+        """``scripted`` or ``scripted:echo`` -> the echo policy, ``scripted:judge`` -> :func:`judge_policy`,
+        ``scripted:clues`` -> :func:`clues_policy`.
 
         Raises:
             ConfigError: another name.
         """
-        policies = {"scripted": echo_policy, "scripted:echo": echo_policy, "scripted:judge": judge_policy}
+        policies = {"scripted": echo_policy, "scripted:echo": echo_policy, "scripted:judge": judge_policy,
+                    "scripted:clues": clues_policy}
         if spec not in policies:
-            raise ConfigError(f"unknown scripted model {spec!r} (use scripted:echo or scripted:judge)")
+            raise ConfigError(f"unknown scripted model {spec!r} (use scripted:echo, scripted:judge or scripted:clues)")
         return cls(policies[spec], spec, float(os.environ.get("STEPKIT_SCRIPTED_DELAY", "0")))
 
     def render_chat(self, messages: list[dict[str, str]]) -> str:

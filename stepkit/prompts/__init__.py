@@ -146,3 +146,26 @@ def render_judge(engine, template: PromptTemplate, problem: str, steps: list[str
     """The rendered judge prompt (chat template with the generation prompt) for one solution."""
     return engine.render_chat(template.messages(problem, steps=tag_steps(steps), n_steps=str(len(steps)),
                                                 last_index=str(len(steps) - 1)))
+
+
+# --- clue templates (stepkit clue) ---------------------------------------------------------------------
+
+CLUE_TEMPLATES = ("recover", "verify")
+
+
+def clue_template(kind: str) -> PromptTemplate:
+    """The built-in clue template ``stepkit/prompts/clue-<kind>.yaml`` (``recover`` or ``verify``)."""
+    if kind not in CLUE_TEMPLATES:
+        raise ConfigError(f"clue template must be one of {', '.join(CLUE_TEMPLATES)}, got {kind!r}")
+    return load_template(Path(__file__).with_name(f"clue-{kind}.yaml"))
+
+
+def render_clue_recover(engine, template: PromptTemplate, problem: str, answer: str, solution: str | None) -> str:
+    """The rendered clue-recovery prompt for one problem (``solution``: the reference solution or None)."""
+    return engine.render_chat(template.messages(problem, answer=answer, solution=solution or "(none)"))
+
+
+def render_clue_verify(engine, template: PromptTemplate, problem: str, steps: list[str], clue: str) -> str:
+    """The rendered prompt asking which step of ``steps`` first establishes ``clue``."""
+    return engine.render_chat(template.messages(problem, steps=tag_steps(steps), clue=clue, n_steps=str(len(steps)),
+                                                last_index=str(len(steps) - 1)))

@@ -3,16 +3,19 @@
 Formats:
 
 * ``gsm8k``: GSM8K problems (``question``, ``answer`` with ``<<a=b>>`` annotations and ``#### N``) ->
-  problem shard; ``reference_answer`` from ``#### N``, ``reference_steps`` the gold solution lines.
+  problem shard; ``reference_answer`` from ``#### N``, ``reference_steps`` the gold solution lines,
+  ``reference_solution`` the ``answer`` field as written (its ``<<a=b>>`` annotations kept, for ``clue``).
 * ``gsm8k-solutions``: OpenAI's GSM8K example model solutions (one object per problem, one key per
   generator, each ``{solution, is_correct}``) -> trajectory shard with one row per chosen generator;
   steps are the solution lines, the outcome is recomputed with stepkit's checker and compared with the
-  file's ``is_correct`` (kept as ``source_outcome_correct``).
+  file's ``is_correct`` (kept as ``source_outcome_correct``); ``reference_solution`` is the annotated
+  ``ground_truth``.
 * ``processbench``: ProcessBench (Zheng et al. 2024) ``gsm8k.json``/``math.json`` -> trajectories with the
   human first-error label as ``reference_first_error``. ProcessBench has no gold answers: they are
   recovered by problem text from GSM8K test / MATH-500 (files found beside the ProcessBench folder or
   given with ``--answers``), else from another row of the same problem whose final answer is marked
-  correct.
+  correct. A row matched to a GSM8K test problem gets that problem's annotated solution as
+  ``reference_solution``.
 * ``jsonl`` / ``parquet``: any rows, with column-mapping options.
 
 Reading: FILE (and each answers file) is read once, as a stream of lines (JSON Lines) or whole
@@ -49,7 +52,7 @@ from stepkit.grading.answers import extract_final_answer, extract_gsm8k_referenc
 from stepkit.grading.steps import check_split, split_steps
 from stepkit.grading.values import answer_text, json_integer
 from stepkit.options import Config, flag_of, opt
-from stepkit.schema import PROBLEM_SCHEMA, REFERENCE_FIELDS, TRAJECTORY_SCHEMA, extend_schema
+from stepkit.schema import PROBLEM_SCHEMA, REFERENCE_FIELDS, REFERENCE_SOLUTION_FIELD, TRAJECTORY_SCHEMA, extend_schema
 from stepkit.shards import manifest_path, write_shard
 
 FORMATS = ("gsm8k", "gsm8k-solutions", "processbench", "jsonl", "parquet")
@@ -66,6 +69,7 @@ OPTION_FORMATS: dict[str, tuple[str, ...]] = {
 OPTION_NEEDS = {"seed": "sample", "neutral_as": "labels_col"}
 """Options that act only together with another one."""
 HEAD_BYTES = 1 << 16  # how much of FILE is kept to tell which format it looks like
+PROBLEM_SCHEMA_WITH_SOLUTION = extend_schema(PROBLEM_SCHEMA, [REFERENCE_SOLUTION_FIELD])
 
 
 @dataclass(frozen=True)
@@ -505,8 +509,9 @@ class Ingester:
             split = self.path.stem  # test.jsonl -> gsm8k-test-17, train.jsonl -> gsm8k-train-17
             rows.append({"problem_id": f"gsm8k-{split}-{i}", "source": f"gsm8k/{split}/{i}", "prompt": prompt,
                          "reference_answer": ref, "_row": i,
-                         "reference_steps": [x for x in lines if x and not x.startswith("####")]})
-        return rows, PROBLEM_SCHEMA
+                         "reference_steps": [x for x in lines if x and not x.startswith("####")],
+                         "reference_solution": a})
+        return rows, PROBLEM_SCHEMA_WITH_SOLUTION
 
     # ---- gsm8k example model solutions -------------------------------------------------------
     def _gsm8k_solutions(self):
@@ -514,7 +519,8 @@ class Ingester:
         rows, pairs = [], []
         for i, obj in self._take(self._jsonl()):
             q = _need_text(obj, "question", self.path, i)
-            ref = _solutions_reference(_need(obj, "ground_truth", self.path, i, str), self.path, i)
+            gt = _need(obj, "ground_truth", self.path, i, str)
+            ref = _solutions_reference(gt, self.path, i)
             prompt = strip_calculator_annotations(q).strip()
             if not prompt:
                 raise InputError(self.path, "empty once its <<a=b>> annotations are removed", row=i, column="question")
@@ -538,7 +544,7 @@ class Ingester:
                 row = {"id": f"gsm8k-test-{i}:{g}", "problem_id": f"gsm8k-test-{i}", "source": f"gsm8k/test/{i}",
                        "prompt": prompt, "reference_answer": ref, "_row": i,
                        "steps": steps, "step_separator": sep, "final_answer": final, "generator": g,
-                       "source_outcome_correct": obj[g].get("is_correct"), "error": None}
+                       "source_outcome_correct": obj[g].get("is_correct"), "reference_solution": gt, "error": None}
                 if not steps:
                     row["error"] = "ingest: solution has no steps"
                     row["steps"] = []
@@ -612,6 +618,7 @@ class Ingester:
                          "final_answer": final, "generator": obj.get("generator"),
                          "source_outcome_correct": obj["final_answer_correct"],
                          "reference_first_error": label if valid_label else None, "error": None,
+                         "reference_solution": self._solutions.get(_norm(obj["problem"])),
                          "reference_status": first_error_status(obj["final_answer_correct"], label, len(steps))})
             pairs.append((ref, final))
         graded = [(r, p) for r, p in zip(rows, pairs) if r["reference_answer"] is not None]
@@ -623,7 +630,8 @@ class Ingester:
         return rows, TRAJ_SCHEMA_WITH_REFS
 
     def _reference_answers(self) -> dict[str, str]:
-        """Problem text -> gold answer from GSM8K test and MATH-500 files (``--answers`` or siblings).
+        """Problem text -> gold answer from GSM8K test and MATH-500 files (``--answers`` or siblings); the
+        GSM8K rows' annotated solutions go into ``self._solutions`` (problem text -> ``reference_solution``).
 
         A GSM8K row (``question``, ``answer``) gives the answer after ``####`` (or a number given as the
         answer), a MATH-500 row (``problem``, ``answer``) its answer as it is.
@@ -635,7 +643,8 @@ class Ingester:
         given = [Path(p) for p in self.opts.answers]
         files = given or [self.path.parent.parent / "gsm8k" / "test.jsonl",
                           self.path.parent.parent / "math500" / "test.jsonl"]
-        out = {}
+        out: dict[str, str] = {}
+        self._solutions: dict[str, str] = {}
         for f in files:
             if not given and not f.is_file():
                 continue
@@ -649,6 +658,7 @@ class Ingester:
                 value = obj["answer"]
                 if isinstance(value, str) and key == "question":
                     gold = gsm8k_reference(value, f, i)
+                    self._solutions[_norm(problem)] = value
                 else:
                     gold = _scalar_text(value, f, i, "answer", gold=True)
                     if gold is None:
