@@ -56,6 +56,7 @@ bench: model
 	$(BIN)/python bench/bench_mc_label.py
 	$(BIN)/python bench/bench_engines.py
 	$(BIN)/python bench/bench_mcts.py
+	$(BIN)/python bench/clue_processbench.py --data $(DATA) --work out/bench/clue-processbench
 
 clean:
 	rm -rf out .pytest_cache
