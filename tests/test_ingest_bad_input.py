@@ -407,3 +407,10 @@ def test_unknown_generator_is_not_called_a_column(tmp_path, checker):
 def test_wrong_format_errors_name_the_format_the_file_looks_like(tmp_path, checker, fmt, src, hint):
     with pytest.raises(InputError, match=rf"{src.name}: .*; {hint} \(stepkit ingest "):
         run(fmt, src, tmp_path / "o.parquet", checker)
+
+
+def test_a_symlink_loop_as_out_is_one_error_line(tmp_path):
+    (tmp_path / "c.parquet").symlink_to(tmp_path / "d.parquet")
+    (tmp_path / "d.parquet").symlink_to(tmp_path / "c.parquet")
+    p = run_cli("ingest", "gsm8k", GSM8K, tmp_path / "c.parquet", "--limit", "2", check=False)
+    assert p.returncode == 1 and p.stderr.strip() == f"error: {tmp_path / 'c.parquet'}: is a symlink loop (a link that points back to itself)"

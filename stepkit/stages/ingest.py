@@ -53,7 +53,7 @@ from stepkit.grading.steps import check_split, split_steps
 from stepkit.grading.values import answer_text, json_integer
 from stepkit.options import Config, flag_of, opt
 from stepkit.schema import PROBLEM_SCHEMA, REFERENCE_FIELDS, REFERENCE_SOLUTION_FIELD, TRAJECTORY_SCHEMA, extend_schema
-from stepkit.shards import manifest_path, write_shard
+from stepkit.shards import manifest_path, resolve_path, write_shard
 
 FORMATS = ("gsm8k", "gsm8k-solutions", "processbench", "jsonl", "parquet")
 GENERIC = ("jsonl", "parquet")
@@ -818,7 +818,7 @@ def _with_hint(e: InputError, fmt: str, head: bytes) -> InputError:
 
 
 def _same_file(a: Path, b: Path) -> bool:
-    if a.resolve() == b.resolve():
+    if resolve_path(a) == resolve_path(b):  # (a symlink loop is one InputError)
         return True
     try:
         return a.exists() and b.exists() and os.path.samefile(a, b)
@@ -855,7 +855,7 @@ def check_output(path: Path, out: Path, answers: tuple[str, ...] = ()) -> None:
         if _same_file(p, out):
             raise InputError(out, f"OUT is the same file as {what}; write the shard somewhere else")
         if _same_file(p, mp):
-            aka = "" if p.resolve() == mp.resolve() else f" ({p})"
+            aka = "" if resolve_path(p) == resolve_path(mp) else f" ({p})"
             raise InputError(mp, f"is {what}{aka}, and it is where OUT {out} writes its manifest; give OUT another name")
     if out.parent.name.endswith(".parts") and len(out.parent.name) > len(".parts"):
         raise InputError(out, f"is inside the parts folder of {out.parent.with_name(out.parent.name[:-6])}; "
