@@ -100,13 +100,16 @@ class SideInput:
         path: the side shard or folder of shards.
         key: the key column in the side input (unique there).
         on: the key column in IN's rows (default: ``key``).
-        columns: the side columns to read (default: all).
+        columns: the side columns to read (default: all); each must exist in every side shard.
+        check: ``check(rows, path, first_row)`` raises :class:`InputError` for a bad side row (the stage's
+            own rules for what it joins, e.g. clue lists of one length), called as the side input is read.
     """
 
     path: Path
     key: str = "id"
     on: str | None = None
     columns: tuple[str, ...] | None = None
+    check: Any = None
 
 
 class Stage:
@@ -464,9 +467,11 @@ def _load_side_input(name: str, side: SideInput) -> tuple[list[Path], dict[Any, 
     paths = list_shards(side.path)
     table: dict[Any, dict] = {}
     for p in paths:
-        check_columns(open_parquet(p).schema_arrow, (side.key,), p)
+        check_columns(open_parquet(p).schema_arrow, (side.key, *(side.columns or ())), p)
         cols = list(dict.fromkeys([side.key, *side.columns])) if side.columns else None
         for first, rows in iter_row_chunks(p, 1024, columns=cols):
+            if side.check is not None:
+                side.check(rows, p, first)
             for i, r in enumerate(rows):
                 k = r[side.key]
                 if isinstance(k, (list, dict)):

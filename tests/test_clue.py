@@ -166,7 +166,8 @@ def test_no_clues_is_a_status_not_a_label(checker):
     row = traj("q", ["a step"], None, [])
     row["_clues"] = {"clue_texts": None, "clue_values": None, "clue_status": "parse_failure"}
     (r,), c = score_stage(checker).process([row])
-    assert r["clue_status"] == "no_clues" and r["clue_first_error"] is None and c["no_clues"] == 1
+    # the scored row carries the clue row's status (why there are no clues), and no label
+    assert r["clue_status"] == "parse_failure" and r["clue_first_error"] is None and c["no_clues"] == 1
 
 
 def test_per_step_columns_are_declared():
@@ -272,3 +273,29 @@ def test_cli_recover_with_scripted_model(tmp_path):
     assert [r["clue_status"] for r in rows] == ["ok"] * 3 and rows[1]["clue_values"] == ["1", "3"]
     st = run("stats", clues)
     assert "clues per problem" in st.stdout
+
+
+def test_clue_shards_that_are_not_clue_shards_are_one_line(tmp_path, checker):
+    """A wrong --clues shard is refused before scoring (case from a breaking session: a problems shard as
+    --clues scored every row no_clues and exited 0; unequal clue lists gave wrong verdicts)."""
+    from stepkit.errors import InputError
+    from stepkit.stages.clue import check_clue_rows
+    from tests.conftest import run_cli
+
+    good = {"problem_id": "p", "clue_texts": ["a", "The answer is 5"], "clue_values": ["2", "5"],
+            "clue_depends": [[], [0]], "clue_status": "ok", "error": None}
+    check_clue_rows([good], "c.parquet", 0)
+    for change, col, msg in [({"clue_values": ["2"]}, "clue_values", "1 entries for 2 clue texts"),
+                             ({"clue_depends": [[], [1]]}, "clue_depends", "only earlier clues"),
+                             ({"clue_values": ["abc", "5"]}, "clue_values", "not a number"),
+                             ({"clue_status": "bogus"}, "clue_status", "not a clue status"),
+                             ({"clue_texts": []}, "clue_texts", "non-empty list")]:
+        with pytest.raises(InputError, match=rf"c.parquet: row 3, column '{col}': .*{msg}"):
+            check_clue_rows([{**good, **change}], "c.parquet", 3)
+    probs = tmp_path / "probs.parquet"
+    run_cli("ingest", "gsm8k", DATA / "gsm8k" / "test.jsonl", probs, "--limit", "2")
+    sols = tmp_path / "sols.parquet"
+    run_cli("ingest", "gsm8k-solutions", DATA / "gsm8k" / "example_model_solutions.jsonl", sols, "--limit", "2")
+    p = run_cli("clue", "score", sols, tmp_path / "o.parquet", "--clues", probs, check=False)
+    assert p.returncode == 1 and "column 'clue_texts': missing column" in p.stderr
+    assert p.stderr.count("\n") == 1

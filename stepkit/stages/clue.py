@@ -58,8 +58,10 @@ contradiction_weight * contradicted clues - false_claim_weight * false claims``,
 ``clue_label`` (list<bool>, per step: no contradiction and no false claim), ``clue_coverage`` (float32:
 share of the checked clues the row establishes), ``clue_first_error`` (int32), ``clue_verdicts``
 (list<int32>, per clue: the step that establishes it, -1 none, null when unchecked or its verdict failed),
-``clue_verdict_failures`` (int32), ``clue_status`` (``ok``; ``no_clues`` when the problem's clue row has
-none).
+``clue_verdict_failures`` (int32), ``clue_status`` (``ok``; else why the problem has no clues: the clue
+row's own status ``parse_failure`` / ``no_reference``, or ``clue_error`` when the clue row has an error).
+The clue shard is checked as it is read (:func:`check_clue_rows`): a shard that is not a ``clue recover``
+output, or whose clue lists disagree in length, is bad input.
 """
 
 from __future__ import annotations
@@ -299,11 +301,14 @@ class ClueRecoverStage(EngineStage):
         todo = [r for r in todo if not r["error"]]
         if self.cfg.from_reference:
             for r in todo:
-                if not reference_clues(r.get("reference_solution") or ""):  # no computation to take clues from
+                # no computation to take clues from: the reference answer is still the one clue to reach
+                clues = reference_clues(r.get("reference_solution") or "", r["reference_answer"])
+                if not clues:
                     r.update(clue_status="no_reference", clue_parse_failures=0, clue_replies=[])
                     counters["no_reference"] += 1
                     continue
-                clues = reference_clues(r["reference_solution"], r["reference_answer"])
+                if len(clues) == 1:
+                    counters["answer_only"] = counters.get("answer_only", 0) + 1
                 r.update(clue_columns(clues), clue_status="ok", clue_parse_failures=0, clue_replies=[])
                 counters["clues"] += len(clues)
         else:
@@ -366,6 +371,43 @@ class ClueScoreConfig(Config):
     retries: int = opt(2, "LLM verdicts: extra samples for a reply that fails to parse.", min=0, max=100)
     template: str | None = opt(None, "LLM verdict template (YAML) [default: stepkit/prompts/clue-verify.yaml].",
                                identity=False)
+
+
+CLUE_STATUSES = ("ok", "parse_failure", "no_reference")
+
+
+def check_clue_rows(rows: list[dict], path: Path, first_row: int) -> None:
+    """A ``clue recover`` shard's rows, as ``clue score`` joins them: a known ``clue_status``; on an
+    ``ok`` row, non-empty ``clue_texts`` (strings), ``clue_values`` (a number as text, or null) and
+    ``clue_depends`` (indices of earlier clues) of one length.
+
+    Raises:
+        InputError: the first bad cell, naming file, row and column.
+    """
+    for i, r in enumerate(rows, start=first_row):
+        if r.get("error"):
+            continue
+        status = r.get("clue_status")
+        if status not in CLUE_STATUSES:
+            raise InputError(path, f"{status!r} is not a clue status ({', '.join(CLUE_STATUSES)}): is this a "
+                                   "clue recover shard?", row=i, column="clue_status")
+        if status != "ok":
+            continue
+        texts, values, deps = r.get("clue_texts"), r.get("clue_values"), r.get("clue_depends")
+        if not isinstance(texts, list) or not texts or any(not isinstance(t, str) or not t.strip() for t in texts):
+            raise InputError(path, "an ok row needs a non-empty list of clue texts", row=i, column="clue_texts")
+        for col, v in (("clue_values", values), ("clue_depends", deps)):
+            if not isinstance(v, list) or len(v) != len(texts):
+                raise InputError(path, f"{'no list' if not isinstance(v, list) else f'{len(v)} entries'} for "
+                                       f"{len(texts)} clue texts", row=i, column=col)
+        for k, v in enumerate(values):
+            if v is not None and (not isinstance(v, str) or not re.search(r"\d", v)):
+                raise InputError(path, f"clue {k}: {v!r:.40} is not a number written as text (or null)", row=i,
+                                 column="clue_values")
+        for k, d in enumerate(deps):
+            if any(not isinstance(j, int) or not 0 <= j < k for j in d or []):
+                raise InputError(path, f"clue {k} depends on {d}: only earlier clues (0..{k - 1})", row=i,
+                                 column="clue_depends")
 
 
 def score_row(n_steps: int, hits: list[list[int]], false_claims: list[int], contradicted: list[int],
@@ -436,7 +478,8 @@ class ClueScoreStage(EngineStage):
 
     def side_inputs(self):
         return {"clues": SideInput(Path(self.cfg.clues), key="problem_id",
-                                   columns=("clue_texts", "clue_values", "clue_status"))}
+                                   columns=("clue_texts", "clue_values", "clue_depends", "clue_status", "error"),
+                                   check=check_clue_rows)}
 
     def output_schema(self, input_schema):
         return extend_schema(input_schema, CLUE_SCORE_FIELDS)
@@ -459,8 +502,8 @@ class ClueScoreStage(EngineStage):
             if r.get("error"):
                 continue
             side = r.get("_clues") or {}
-            if side.get("clue_status") != "ok" or not side.get("clue_texts"):
-                r["clue_status"] = "no_clues"
+            if side.get("error") or side.get("clue_status") != "ok":  # the clue row says why there are none
+                r["clue_status"] = "clue_error" if side.get("error") else side.get("clue_status") or "no_clues"
                 counters["no_clues"] += 1
                 continue
             todo.append(r)
