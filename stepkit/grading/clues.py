@@ -17,13 +17,16 @@ This module holds the parts that are not answer checking (that is math-verify's 
   rounding its written result allows.
 * :func:`problem_numbers`: the numbers a problem gives (digits and common number words).
 
-Everything is linear in the text and raises nothing on odd text: what does not parse is not a claim.
+Everything is linear in the text and raises nothing on odd text: what does not parse is not a claim. A
+false claim marks a first error, so the reader prefers missing a claim to inventing one: a side it cannot
+read reliably (variables, subscripts, LaTeX it does not know) makes no claim.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from decimal import Decimal
 from fractions import Fraction
 
 from stepkit.grading.answers import find_boxes, strip_calculator_annotations
@@ -42,7 +45,8 @@ class Clue:
 @dataclass(frozen=True)
 class Claim:
     """An arithmetic claim a step writes, ``lhs = rhs`` (each side plain arithmetic, one with an
-    operator); ``left``/``right`` are their exact values."""
+    operator, or a later link of a chain ``a op b = c = d``, read as ``c = d``); ``left``/``right`` are their
+    exact values."""
 
     lhs: str
     rhs: str
@@ -56,12 +60,14 @@ class StepNumbers:
 
     Attributes:
         stated: every number in the step, as written after normalisation (commas dropped, LaTeX
-            fractions as ``a/b``), in order.
+            fractions as ``a/b``), in order; a leading minus that is a sign (``has -3 dollars``, not
+            ``5 -3``) is part of the number.
         computed: the values the step computes: the right side of each ``=`` that is one number (or a
             fraction), and the contents of its ``\boxed{}``; as text, in order.
         claims: its arithmetic claims.
-        fractions: the fractions it writes, ``a/b`` (``3/4``, ``\frac{3}{4}``): matched against clues,
-            never counted as new numbers (their parts are in ``stated``).
+        fractions: the fractions it writes, ``a/b`` (``3/4``, ``\frac{3}{4}``), and each percentage as a
+            decimal (``75%`` -> ``0.75``, as the answer checker reads ``75%`` as 0.75 as well as 75):
+            matched against clues, never counted as new numbers (their parts are in ``stated``).
     """
 
     stated: list[str] = field(default_factory=list)
@@ -75,7 +81,8 @@ _NUM = re.compile(r"\d+(?:\.\d+)?|\.\d+")
 
 
 def number_value(text: str) -> Fraction | None:
-    """``"1200"``, ``"-3.5"``, ``"3/4"``, ``"12%"`` (as 0.12 is *not* done here) -> exact value, else None."""
+    """``"1200"``, ``"-3.5"``, ``"3/4"`` -> exact value, else None. ``"12%"`` is None here (a percentage has
+    two readings, 12 and 0.12: :func:`read_step` states the 12 and lists ``0.12`` among its fractions)."""
     s = text.strip().replace(",", "").lstrip("$").rstrip(".")
     try:
         if re.fullmatch(r"-?\d+(?:\.\d+)?|-?\.\d+", s):
@@ -105,12 +112,13 @@ def reference_clues(annotated: str, reference_answer: str | None = None) -> list
     for line in annotated.splitlines():
         found = list(_ANNOTATION.finditer(line))
         plain = " ".join(strip_calculator_annotations(line).split())
-        pairs = [(m.group(1).strip(), m.group(2).strip()) for m in found]
+        pairs = [(m.group(1).strip(), _annotation_value(m.group(2))) for m in found]
         if bare and not line.lstrip().startswith("####"):  # a solution with no annotation: its own claims
             pairs = [(c.lhs, c.rhs) for c in read_step(line).claims if not _OPERATOR.search(c.rhs)]
         for expr, value in pairs:
             operands = {number_value(x) for x in _NUM.findall(expr)}
             deps = tuple(i for i, c in enumerate(clues) if c.value is not None and number_value(c.value) in operands)
+            value = value if value is None or number_value(value) is not None else None
             text = plain if len(pairs) == 1 else f"{plain} [{expr} = {value}]"
             clues.append(Clue(text, value, deps))
     if reference_answer is not None and str(reference_answer).strip():
@@ -123,25 +131,51 @@ def reference_clues(annotated: str, reference_answer: str | None = None) -> list
     return clues
 
 
+def _annotation_value(text: str) -> str | None:
+    """An annotation's result as written (``<<2+3=5>>`` -> ``5``); a chain (``<<2+3=5=6>>``) gives its
+    last link; anything that is not a number is None, never a string such as ``5=6``."""
+    value = text.split("=")[-1].strip()
+    return value if number_value(value) is not None else None
+
+
 # --- reading a step ------------------------------------------------------------------------------------
 
 _LATEX_FRAC = re.compile(r"\\[dt]?frac\s*\{([^{}]*)\}\s*\{([^{}]*)\}")
+_MIXED = re.compile(r"(?<![\d.])(\d+)[ \t]*\\[dt]?frac\s*\{\s*(\d+)\s*\}\s*\{\s*(\d+)\s*\}")
 _LATEX_TEXT = re.compile(r"\\(?:text|mathrm|textbf|mbox|operatorname)\s*\{([^{}]*)\}")
 _TIMES = re.compile(r"\\times|\\cdot|\\ast|[×·∗]")
 _DIVIDE = re.compile(r"\\div|÷")
+_LATEX_THOUSANDS = re.compile(r"(?<=\d)(?:,\\!|\{,\}|,\\,|\\,|,\\ )(?=\d{3}(?!\d))")
 _DROP = re.compile(r"\\left|\\right|\\[()\[\]]|\\[,;:! ]|\$|\\boxed|\\fbox|\\quad|\\qquad")
 _THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
-_X_TIMES = re.compile(r"(?<=\d)[ \t]*[xX][ \t]*(?=\d)")
+_X_TIMES = re.compile(r"(?<=\d)[ \t]*[xX][ \t]*(?=\d)|(?<=\d)[ \t]+[xX][ \t]+(?=\()|(?<=\))[ \t]*[xX][ \t]*(?=[\d(])")
 _ALLOWED = frozenset("0123456789.+-*/()%^ \t")
-_FRACTION = re.compile(r"(?<![\d.])\(*(\d+)\)*\s*/\s*\(*(\d+)\)*(?![\d.])")
-_OPERATOR = re.compile(r"[\d)%]\s*[-+*/^]\s*[\d(.]")
+_FRACTION = re.compile(r"(?<![\d.(])\(*(\d+)\)*\s*/\s*\(*(\d+)\)*(?![\d.])")
+_OPERATOR = re.compile(r"[\d)%]\s*[-+*/^]\s*-?\s*[\d(.]")
+_PERCENT = re.compile(r"(\d+(?:\.\d+)?|\.\d+)\s*%")
+# a list label or bullet at the start of a line: "- ", "* ", "1. ", "2) ", "(a) ", "(iv) " (not before an
+# operator or "=", so "(3) + 4" keeps its first operand)
+_LABEL = re.compile(r"(?m)^([ \t]*)(?:[-*+•][ \t]+|\(?(?:\d{1,3}|[A-Za-z]|[ivxIVX]{1,4})[.)][ \t]+|"
+                    r"\((?:\d{1,3}|[A-Za-z]|[ivxIVX]{1,4})\)[ \t]+)(?![-+*/^=\s])")
+# characters that, glued to the far end of a side, make it part of something unreadable: a variable or
+# subscript (a_1, 2x), a LaTeX command, a prime, a factorial, an absolute value
+_GLUE = frozenset("_\\'!|&#@~`")
+# LaTeX commands that may stand next to a side without changing its value
+_BENIGN_COMMANDS = frozenset({"approx", "quad", "qquad", "text", "implies", "Rightarrow", "rightarrow", "to",
+                              "Longrightarrow", "le", "ge", "leq", "geq", "ne", "neq", "lt", "gt", "therefore",
+                              "circ", "degree", "newline", "hline", "end", "begin", "item", "hspace"})
+_COMMAND = re.compile(r"\\([A-Za-z]+)")
 
 
 def normalise(text: str) -> str:
-    r"""Step text as plain arithmetic where it is arithmetic: ``\frac{a}{b}`` -> ``(a)/(b)``, ``\times``,
-    ``×``, ``\cdot`` and ``3 x 4`` -> ``*``, ``\div`` -> ``/``, thousands commas, ``$``, ``\(``/``\)`` and
-    braces dropped, ``\%`` -> ``%``, a Unicode minus -> ``-``. Calculator annotations are removed."""
+    r"""Step text as plain arithmetic where it is arithmetic: ``\frac{a}{b}`` -> ``((a)/(b))``, a mixed
+    number ``1\frac{1}{4}`` -> ``((1+(1)/(4)))`` (an improper one, ``2\frac{5}{4}``, is left unreadable),
+    ``\times``, ``×``, ``\cdot`` and ``3 x 4``/``30 x (1/2)`` -> ``*``, ``\div`` -> ``/``, thousands commas
+    (also LaTeX's ``729,\!000``, ``729{,}000``, ``729\,000``), ``$``, ``\(``/``\)`` and braces dropped,
+    ``\%`` -> ``%``, a Unicode minus -> ``-``. Calculator annotations are removed."""
     t = strip_calculator_annotations(text).replace("\u2212", "-").replace("\u2013", "-").replace("\\%", "%")
+    t = _LATEX_THOUSANDS.sub("", t)
+    t = _MIXED.sub(_mixed, t)
     for _ in range(2):
         t = _LATEX_FRAC.sub(r"((\1)/(\2))", t)
     t = _LATEX_TEXT.sub(r" \1 ", t)
@@ -153,19 +187,56 @@ def normalise(text: str) -> str:
     return _X_TIMES.sub("*", t)
 
 
+def _mixed(m: re.Match) -> str:
+    whole, num, den = m.group(1), m.group(2), m.group(3)
+    if int(num) < int(den):
+        return f"(({whole}+({num})/({den})))"
+    return f"{whole}_(({num})/({den}))"  # ``2\frac{5}{4}``: a product or a typo, not read (``_`` glues)
+
+
+def _numbers(t: str) -> list[str]:
+    """The numbers of normalised text, in order; a minus right before one is its sign when it follows no
+    operand (start, a space after a word or a separator, ``(``, ``=``, an operator), so ``-3`` in ``he has
+    -3 dollars`` or ``2 * -3`` is negative and ``5 -3``, ``5-3`` are a subtraction."""
+    out = []
+    for m in _NUM.finditer(t):
+        text, i = m.group(), m.start()
+        if i > 0 and t[i - 1] == "-":
+            j = i - 2
+            while j >= 0 and t[j] in " \t":
+                j -= 1
+            if j < 0 or not (t[j].isalnum() or t[j] in ")%._") or (t[j].isalpha() and j < i - 2):
+                text = "-" + text
+        out.append(text)
+    return out
+
+
+def _unmatched(s: str) -> set[int]:
+    """Positions of the parentheses of ``s`` that match none, in one pass."""
+    opened, lone = [], set()
+    for i, ch in enumerate(s):
+        if ch == "(":
+            opened.append(i)
+        elif ch == ")":
+            if opened:
+                opened.pop()
+            else:
+                lone.add(i)
+    return lone | set(opened)
+
+
 def _trim(expr: str) -> str:
-    """An arithmetic side cut out of text, without dangling operators, dots and unmatched parentheses."""
+    """An arithmetic side cut out of text, without unmatched parentheses at its ends and markdown ``*``
+    (``**3 + 4 = 7**``), in linear time. A leading dot is a decimal point (``.20*10``) and stays; a
+    sentence's full stop never reaches a side (:func:`_side`)."""
     s = expr.strip()
-    while True:
-        before = s
-        s = s.strip().rstrip(".").lstrip(".").strip()
-        s = s.rstrip("+-*/^").lstrip("+*/^").strip()
-        if s.startswith("(") and s.count("(") > s.count(")"):
-            s = s[1:]
-        if s.endswith(")") and s.count(")") > s.count("("):
-            s = s[:-1]
-        if s == before:
-            return s
+    lone = _unmatched(s)
+    a, b = 0, len(s)
+    while a < b and (s[a] in " \t*" or (s[a] == "(" and a in lone)):
+        a += 1
+    while b > a and (s[b - 1] in " \t*+-/^" or (s[b - 1] == ")" and b - 1 in lone)):
+        b -= 1
+    return s[a:b]
 
 
 class _Parser:
@@ -260,31 +331,85 @@ def evaluate(expr: str) -> Fraction | None:
         return None
 
 
+def _far_command(text: str, i: int, step: int) -> str | None:
+    """The LaTeX command name next to position ``i`` (skipping spaces) going ``step``, else None."""
+    while 0 <= i < len(text) and text[i] in " \t":
+        i += step
+    if step < 0:
+        j = i
+        while j >= 0 and text[j].isalpha():
+            j -= 1
+        return text[j + 1:i + 1] if j >= 0 and text[j] == "\\" and j < i else None
+    m = _COMMAND.match(text, i) if 0 <= i < len(text) else None
+    return m.group(1) if m else None
+
+
 def _side(text: str, start: int, step: int) -> str | None:
     """The longest run of arithmetic characters from ``start`` going left (step -1) or right (+1), or
-    None when the run is part of a longer expression written with words: glued to a letter at its far end
-    (``2f``, ``1.5x``) or with an operator there (``Alyana's age - 4``, ``x + 5 - 5``)."""
-    i = start
-    while 0 <= i < len(text) and text[i] in _ALLOWED:
+    None when it cannot be read reliably: glued at its far end to a letter, a subscript, a LaTeX command and
+    the like (``2f``, ``1.5x``, ``a_1``), next to a LaTeX command that changes it (``\\sqrt``, ``\\choose``),
+    or with an operator there whose operand is outside it (``Alyana's age - 4``, ``x + 5 - 5``, ``f(x) + 3``).
+
+    A dot belongs to the run only as a decimal point (followed by a digit), so the full stop of the previous
+    sentence (``5 apples. 5 - 2``) or a list label (``1. 2 * 3``) ends it; so do an open parenthesis
+    followed by a word going right (``7 (cm)``) and a close parenthesis after a word going left (``(a) 3+4``).
+    Going left, a dash or star and a space at the start of a line is a bullet (``- 24/60``), not a sign."""
+    n, i = len(text), start
+    while 0 <= i < n and text[i] in _ALLOWED:
+        ch = text[i]
+        if ch == "." and not (i + 1 < n and text[i + 1].isdigit()):
+            break
+        if step > 0 and ch == "(":
+            k = i + 1
+            while k < n and text[k] in " \t":
+                k += 1
+            if k < n and text[k].isalpha():
+                break
+        if step < 0 and ch == ")" and i > 0 and (text[i - 1].isalpha() or text[i - 1] == "_"):
+            break
         i += step
     run = text[i + 1:start + 1] if step < 0 else text[start:i]
-    if 0 <= i < len(text) and text[i].isalpha() and run and not run[0 if step < 0 else -1].isspace():
+    if not run.strip():
+        return run
+    inside = i < n if step > 0 else i >= 0
+    command = _far_command(text, i, step) if inside else None
+    if command is not None and command not in _BENIGN_COMMANDS:
+        return None
+    glued = inside and not run[0 if step < 0 else -1].isspace()
+    if glued and (text[i].isalnum() or (text[i] in _GLUE and command is None)):
         return None
     far = run.strip()
-    if far and (far[0] in "+-*/^" if step < 0 else far.rstrip(".")[-1:] in ("+", "-", "*", "/", "^")):
-        if 0 <= i < len(text) and (text[i].isalpha() or text[i] in "'_"):
+    if step < 0:
+        if far.startswith("**"):  # markdown bold: **3 + 4 = 7**
+            far = far.lstrip("*").lstrip()
+            run = " " + far
+        if far[:1] in ("+", "/", "^"):
             return None
+        if far[:1] == "*" or (far[:1] == "-" and far[1:2] in (" ", "\t")):
+            line_start = text.rfind("\n", 0, i + 1) + 1
+            if text[line_start:i + 1].strip():  # a binary operator whose left operand is outside the run
+                return None
+            return " " + far[1:]  # a bullet at the start of a line
+    elif far.rstrip("*")[-1:] in ("+", "-", "/", "^") and inside and (text[i].isalpha() or text[i] in "'_"):
+        return None
     return run
+
+
+_EQUALS = re.compile(r"(?<![<>=!])=(?!=)")
 
 
 def read_step(step: str) -> StepNumbers:
     r"""The numbers, computed values and arithmetic claims of one step (plain text or LaTeX).
 
     For each ``=`` (not ``<=``, ``>=``, ``!=``, ``==``), the arithmetic text right before and right after it
-    are its sides; a pair whose left side has an operator (``a op b = c``) and both evaluate is a
-    :class:`Claim`; a side that runs on into words (``x + 5 - 5 = 27 - 5``, ``28 = 2 * 2f``) is none. The right
-    side, when it is one number, is a computed value. The contents of each ``\boxed{}`` are computed
-    values too.
+    are its sides (:func:`_side`); a pair whose left side has an operator (``a op b = c``) and both evaluate
+    is a :class:`Claim`; a side that runs on into words (``x + 5 - 5 = 27 - 5``, ``28 = 2 * 2f``) is none.
+    In a chain ``a op b = c = d`` each later link is checked against the previous side: ``c = d`` is a
+    claim too. An expression that divides by zero (``10/0 = 5``) has no value, so it makes no claim: the
+    reader cannot tell a wrong step from one that is showing a value is undefined (``\frac{1}{0}``), and a
+    missed claim costs less than a false one. The right side, when it is one number, is a computed value.
+    The contents of each ``\boxed{}`` are computed values too. List labels and bullets at the start of a
+    line (``1.``, ``(a)``, ``- ``) are not read as operands.
     """
     out = StepNumbers()
     for _, a, b, inner in find_boxes(step):
@@ -293,22 +418,37 @@ def read_step(step: str) -> StepNumbers:
             if number_value(val) is not None:
                 out.computed.append(val.replace(" ", ""))
     t = normalise(step)
-    out.stated = [m.group() for m in _NUM.finditer(t)]
+    out.stated = _numbers(t)
     out.fractions = [f"{m.group(1)}/{m.group(2)}" for m in _FRACTION.finditer(t)]
-    for m in re.finditer(r"(?<![<>=!])=(?!=)", t):
-        lhs_run, rhs_run = _side(t, m.start() - 1, -1), _side(t, m.end(), 1)
+    out.fractions += [_percent_decimal(m.group(1)) for m in _PERCENT.finditer(t)]
+    t = _LABEL.sub(lambda m: m.group(1) + " " * (m.end() - m.end(1)), t)
+    prev = None  # the previous "=": (its right side, value, where it ends, whether its chain has an operator)
+    for m in _EQUALS.finditer(t):
+        if prev is not None and prev[2] == m.start():
+            lhs, left, chained = prev[0], prev[1], prev[3]
+        else:
+            lhs_run = _side(t, m.start() - 1, -1)
+            lhs = _trim(lhs_run) if lhs_run else ""
+            left, chained = (evaluate(lhs) if lhs else None), False
+        rhs_run = _side(t, m.end(), 1)
         rhs = _trim(rhs_run) if rhs_run else ""
         right = evaluate(rhs) if rhs else None
         if right is None:
+            prev = None
             continue
         if not _OPERATOR.search(rhs):
             out.computed.append(rhs.replace(" ", ""))
-        lhs = _trim(lhs_run) if lhs_run else ""
-        if lhs and _OPERATOR.search(lhs):
-            left = evaluate(lhs)
-            if left is not None:
-                out.claims.append(Claim(lhs, rhs, left, right))
+        has_op = bool(lhs) and bool(_OPERATOR.search(lhs))
+        if left is not None and (has_op or chained):
+            out.claims.append(Claim(lhs, rhs, left, right))
+        end = m.end() + len(rhs_run)
+        prev = (rhs, right, end, left is not None and (has_op or chained or bool(_OPERATOR.search(rhs))))
     return out
+
+
+def _percent_decimal(number: str) -> str:
+    """``"75"`` (of ``75%``) -> ``"0.75"``, exactly."""
+    return format(Decimal(number).scaleb(-2).normalize(), "f")
 
 
 def _decimals(text: str) -> int:
@@ -316,13 +456,19 @@ def _decimals(text: str) -> int:
     return len(m.group(1)) if m else 0
 
 
+_REL_TOL = Fraction(1, 10 ** 9)
+
+
 def claim_holds(claim: Claim) -> bool:
     """Whether ``lhs = rhs`` is true, allowing the rounding the written result implies.
 
     The result (the right side when it is one number, else the left) may be the exact value rounded to
     its written decimals (``100/3 = 33.33``); a whole result may also be the value rounded down or up
-    (``7/2 = 3`` "full boxes", ``7/2 = 4`` "boxes needed"): GSM8K solutions round that way. A percentage
-    written on one side only is accepted as N or N/100 (``10/40*100 = 25%``).
+    (``7/2 = 3`` "full boxes", ``7/2 = 4`` "boxes needed"): GSM8K solutions round that way. A result written
+    with decimals may also be within a relative 1e-9 of the exact value: a float printed in full
+    (``50 / 6 = 8.333333333333334``, ``30/100*9 = 2.6999999999999997``) has 17 significant digits, the last
+    one or two of them noise. A percentage written on one side only is accepted as N or N/100
+    (``10/40*100 = 25%``).
     """
     a, b = claim.left, claim.right
     d = _decimals(claim.rhs if not _OPERATOR.search(claim.rhs) else claim.lhs)
@@ -332,7 +478,7 @@ def claim_holds(claim: Claim) -> bool:
         candidates |= {b * 100, b / 100}
     for c in candidates:
         diff = abs(a - c)
-        if diff == 0 or (diff < tol if not d else diff <= tol):
+        if diff == 0 or (diff < tol if not d else diff <= tol or diff <= _REL_TOL * abs(a)):
             return True
     return False
 
