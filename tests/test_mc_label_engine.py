@@ -169,7 +169,9 @@ def test_real_labels_through_filter_export_and_publish_dry_run(engine, checker, 
     run_stage(FilterStage(FilterConfig(rule=("no-error", "steps:1-"), dropped=str(tmp_path / "d.parquet"))),
               labelled, kept, progress=False)
     m = export(kept, tmp_path / "ds", ExportConfig(labels="mc_value"))
-    assert m["counts"]["rows_out"] == sum(1 for r in rows if r["mc_value"] and None not in r["mc_value"])
+    # rows with a value for every step and a signal (a no_signal row's values are all 0: no labels)
+    assert m["counts"]["rows_out"] == sum(1 for r in rows if r["mc_value"] and None not in r["mc_value"]
+                                          and r["mc_status"] == "ok")
     report = publish(tmp_path / "ds", PublishConfig(dry_run=True))
     card = report["card"]
     assert "engine `vllm`, model `smollm2-135m`" in card and "sampling.temperature=0.8" in card

@@ -61,7 +61,7 @@ def _flat(doc: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix: doc}
 
 
-SKIP_KEYS = ("grader.float_rounding_rule", "grader.whole_answer_rule", "grader.wrap")
+SKIP_KEYS = ("grader.float_rounding_rule", "grader.whole_answer_rule", "grader.wrap", "grader.exact_rule")
 
 
 def lineage(export_manifest: dict) -> list[dict[str, Any]]:

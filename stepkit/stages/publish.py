@@ -220,7 +220,7 @@ def publish(folder: str | os.PathLike, cfg: PublishConfig, log=print) -> dict[st
         ConfigError: not an export folder; data files that are not the export's.
         StepkitError: the folder does not load with ``datasets``; an upload error (one line).
     """
-    folder = Path(folder).absolute()
+    given, folder = str(folder), Path(folder).absolute()
     _remove_stale(folder, "publish")
     manifest = read_export_manifest(folder)
     if manifest is None:
@@ -236,7 +236,7 @@ def publish(folder: str | os.PathLike, cfg: PublishConfig, log=print) -> dict[st
                                    "re-export the folder") from None
         stats = dataset_card.label_stats(staging, splits, manifest["config"]["format"])
         images = dataset_card.draw_figures(stats, staging, (cfg.repo_id or folder.name).split("/")[-1])
-        card = dataset_card.render_card(staging, manifest, splits, cfg.repo_id or str(folder), cfg.license,
+        card = dataset_card.render_card(staging, manifest, splits, cfg.repo_id or given, cfg.license,
                                         images, stats)
         (staging / "README.md").write_text(card)
         write_json(staging / "lineage.json", dataset_card.public_lineage(manifest))
