@@ -164,8 +164,11 @@ def test_real_labels_through_filter_export_and_publish_dry_run(engine, checker, 
     from stepkit.stages.publish import PublishConfig, publish
 
     labelled, kept = tmp_path / "mc.parquet", tmp_path / "kept.parquet"
-    run_stage(stage(engine, checker, "exhaustive", k=2), solutions, labelled, progress=False)
+    # K=4, 192 tokens (the demo's settings): gsm8k-test-1's prefix through "1+2 = 3 bolts in total" is
+    # finished correctly, so some row has a signal (at K=2 / 96 tokens every continuation can be truncated)
+    run_stage(stage(engine, checker, "exhaustive", k=4, max_tokens=192), solutions, labelled, progress=False)
     rows = pq.read_table(labelled).to_pylist()
+    assert any(r["mc_status"] == "ok" for r in rows), [r["mc_successes"] for r in rows]
     run_stage(FilterStage(FilterConfig(rule=("no-error", "steps:1-"), dropped=str(tmp_path / "d.parquet"))),
               labelled, kept, progress=False)
     m = export(kept, tmp_path / "ds", ExportConfig(labels="mc_value"))
@@ -175,7 +178,7 @@ def test_real_labels_through_filter_export_and_publish_dry_run(engine, checker, 
     report = publish(tmp_path / "ds", PublishConfig(dry_run=True))
     card = report["card"]
     assert "engine `vllm`, model `smollm2-135m`" in card and "sampling.temperature=0.8" in card
-    assert "sampling.max_tokens=96" in card and "continuations=2" in card
+    assert "sampling.max_tokens=192" in card and "continuations=4" in card
     assert f"continuations {json.loads(labelled.with_name('mc.manifest.json').read_text())['counts']['continuations']}" in card
     ds = datasets.load_dataset(str(tmp_path / "ds"), cache_dir=str(tmp_path / "cache"))
     assert all(len(r["labels"]) == len(r["completions"]) for r in ds["train"])
