@@ -26,20 +26,21 @@ from tests.conftest import DATA
 from tests.conftest import run_cli as run
 
 
-def gsm8k(i: int) -> dict:
-    with open(DATA / "gsm8k" / "test.jsonl") as f:
+def _record(name: str, i: int) -> dict:
+    """Record ``i`` of a real GSM8K JSON Lines file in ``../shared/data/gsm8k``."""
+    with open(DATA / "gsm8k" / name) as f:
         for k, line in enumerate(f):
             if k == i:
                 return json.loads(line)
     raise IndexError(i)
+
+
+def gsm8k(i: int) -> dict:
+    return _record("test.jsonl", i)
 
 
 def solutions(i: int) -> dict:
-    with open(DATA / "gsm8k" / "example_model_solutions.jsonl") as f:
-        for k, line in enumerate(f):
-            if k == i:
-                return json.loads(line)
-    raise IndexError(i)
+    return _record("example_model_solutions.jsonl", i)
 
 
 # --- reference clues: exactly the annotated intermediate values ------------------------------------------
