@@ -170,6 +170,10 @@ class Stage:
         """Extra manifest fields known after loading (engine and library versions)."""
         return {}
 
+    tokens_kind = "generated"
+    """What :meth:`tokens_generated` counts, as the summary table names it (``scored``: prompt tokens
+    prefilled by a stage that only scores text)."""
+
     def tokens_generated(self) -> int:
         """Tokens generated so far by this stage's engine (for the progress bar and summary)."""
         return 0

@@ -87,6 +87,19 @@ JUDGE_FIELDS = [
     pa.field("judge_status", pa.string()),
 ]
 
+LH_FIELDS = [  # likelihood-label (stepkit/stages/likelihood.py)
+    pa.field("lh_value", pa.list_(pa.float32())),
+    pa.field("lh_value_start", pa.float32()),
+    pa.field("lh_gain", pa.list_(pa.float32())),
+    pa.field("lh_reward", pa.list_(pa.float32())),
+    pa.field("lh_q", pa.list_(pa.float32())),
+    pa.field("lh_first_error", pa.int32()),
+    pa.field("lh_label", pa.list_(pa.bool_())),
+    pa.field("lh_answer_tokens", pa.int32()),
+    pa.field("lh_scored_tokens", pa.int32()),
+    pa.field("lh_status", pa.string()),
+]
+
 MCTS_FIELDS = [  # per step: the node whose prefix ends at that step (null: not a node)
     pa.field("mcts_value", pa.list_(pa.float32())),
     pa.field("mcts_rollouts", pa.list_(pa.int32())),
@@ -143,7 +156,7 @@ FILTER_FIELDS = [  # stepkit filter: why a row is (or would be) dropped, and wha
 # ``judge_replies``, ``reference_steps``) are not here. A new stage adds its per-step columns.
 PER_STEP_COLUMNS = frozenset(
     ["steps", "reference_labels"]
-    + [f.name for f in MC_FIELDS + MCTS_FIELDS if pa.types.is_list(f.type)]
+    + [f.name for f in MC_FIELDS + MCTS_FIELDS + LH_FIELDS if pa.types.is_list(f.type)]
     + ["judge_label", "judge_correct_votes"]
     + ["clue_hits", "clue_false_claims", "clue_score", "clue_label"]
 )

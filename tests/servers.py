@@ -271,6 +271,8 @@ class FakeServer:
         reject: a predicate on the prompt; matching prompts get HTTP 400 (a request-specific rejection).
         max_choices: return at most this many choices per request (a server that returns fewer than n).
         delay: seconds to sleep before answering a completions request.
+        score_reply: ``score_reply(body) -> dict``: the JSON answer to a scoring request (``echo: true``);
+            default: one choice whose ``logprobs.token_logprobs`` is ``None`` then ``-0.25`` per prompt token.
 
     Attributes:
         hits: path -> number of requests received. ``bodies``: the JSON bodies of completions requests.
@@ -278,8 +280,10 @@ class FakeServer:
 
     def __init__(self, models: tuple[str, ...] = ("smollm2-135m",), fail_times: int = 0, fail_status: int = 503,
                  retry_after: str | None = "0.01", reject: Callable[[str], bool] | None = None,
-                 max_choices: int | None = None, delay: float = 0.0):
+                 max_choices: int | None = None, delay: float = 0.0,
+                 score_reply: Callable[[dict], dict] | None = None):
         self.models = tuple(models)
+        self.score_reply = score_reply
         self.fail_times = fail_times
         self.fail_status = fail_status
         self.retry_after = retry_after
@@ -344,6 +348,12 @@ class FakeServer:
                     return self._send(404, {"error": {"message": f"model {body.get('model')} not found", "code": 404}})
                 if fake.reject is not None and fake.reject(prompt):
                     return self._send(400, {"error": {"message": "prompt rejected: too long", "code": 400}})
+                if body.get("echo"):
+                    if fake.score_reply is not None:
+                        return self._send(200, fake.score_reply(body))
+                    lps = [None] + [-0.25] * (len(prompt) - 1)
+                    return self._send(200, {"object": "text_completion", "choices": [
+                        {"index": 0, "text": "", "logprobs": {"token_logprobs": lps}, "finish_reason": "length"}]})
                 n = int(body.get("n", 1))
                 k = n if fake.max_choices is None else min(n, fake.max_choices)
                 reason = "length" if int(body.get("max_tokens", 16)) < 5 else "stop"

@@ -23,6 +23,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "mc-label": ("stepkit.cli.mc_label", "Monte Carlo value of every step prefix (Math-Shepherd / OmegaPRM)."),
     "mcts-label": ("stepkit.cli.mcts_label", "OmegaPRM tree search: step values, rollout trees, preference pairs."),
     "judge": ("stepkit.cli.judge", "LLM-as-judge step labels (ProcessBench critic prompt, majority vote)."),
+    "likelihood-label": ("stepkit.cli.likelihood", "Step rewards from log-probabilities (answer gain, implicit PRM); no sampling."),
     "clue": ("stepkit.cli.clue", "Answer-backtracked clues (ABSeeker): recover per problem, score each step."),
     "filter": ("stepkit.cli.filter", "Keep rows that pass rules (consensus, PROF, values, steps); cut steps."),
     "export": ("stepkit.cli.export", "Write labelled rows as a Hub-layout dataset (TRL, Math-Shepherd, ProcessBench, DPO)."),

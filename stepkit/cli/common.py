@@ -31,17 +31,19 @@ def runner_options_only(*names: str):
     return lambda f: click_options(_run_options_class(), only=names)(f)
 
 
-def engine_options(f=None, *, temperature: float = 0.8, max_tokens: int = 256):
+def engine_options(f=None, *, temperature: float = 0.8, max_tokens: int = 256, samples: bool = True):
     """``--model``, ``--engine``, the sampling options and every engine's own options.
 
     Use as ``@engine_options`` or ``@engine_options(temperature=..., max_tokens=...)`` for a command's
-    own defaults. :func:`engine_spec` refuses an option of another engine than the chosen one.
+    own defaults; ``samples=False`` (a command that only scores text) keeps ``--seed`` alone of the
+    sampling options. :func:`engine_spec` refuses an option of another engine than the chosen one.
     """
     if f is None:
-        return lambda g: engine_options(g, temperature=temperature, max_tokens=max_tokens)
+        return lambda g: engine_options(g, temperature=temperature, max_tokens=max_tokens, samples=samples)
     for name in reversed(list(ENGINES)):
         f = click_options(engine_class(name).Options)(f)
-    f = click_options(SamplingConfig, defaults={"temperature": temperature, "max_tokens": max_tokens})(f)
+    f = click_options(SamplingConfig, defaults={"temperature": temperature, "max_tokens": max_tokens},
+                      only=None if samples else ("seed",))(f)
     f = click.option("--engine", type=click.Choice(list(ENGINES)), default="vllm", show_default=True)(f)
     f = click.option("--model", "-m", required=True,
                      help="Bundled model name (smollm2-135m), a local model folder, or the served model name.")(f)
@@ -85,7 +87,7 @@ def run(stage, inp, out, kw: dict, title: str, shown=None) -> None:
         click.echo(f"{title}: no shard for --rank {opts.rank} of --world-size {opts.world_size}; nothing to do",
                    err=True)
         return
-    print_results(results, title, shown)
+    print_results(results, title, shown, getattr(stage, "tokens_kind", "generated"))
 
 
 def check_json_path(ctx, param, value):
@@ -150,8 +152,9 @@ def write_json_report(path, doc) -> None:
         raise StepkitError(f"{p}: cannot write the report ({e.strerror or e})") from None
 
 
-def print_results(results, title: str, shown=None) -> None:
-    """Summary table at the end of a run: one column per shard, one row per figure."""
+def print_results(results, title: str, shown=None, tokens_kind: str = "generated") -> None:
+    """Summary table at the end of a run: one column per shard, one row per figure (``tokens_kind``: what
+    the stage's tokens are, ``generated`` or ``scored``)."""
     from rich.table import Table
 
     from stepkit.views import make_console
@@ -162,7 +165,7 @@ def print_results(results, title: str, shown=None) -> None:
         t.add_column(r.output.name, justify="right")
     rows = [("status", lambda r: r.status), ("rows", lambda r: r.rows), ("rows with error", lambda r: r.errors),
             ("chunks resumed / total", lambda r: f"{r.resumed_chunks}/{r.chunks}"),
-            ("tokens generated (this run)", lambda r: r.tokens),
+            (f"tokens {tokens_kind} (this run)", lambda r: r.tokens),
             ("tokens/s", lambda r: f"{r.tokens / r.seconds:.0f}" if r.seconds > 0 and r.tokens else "-"),
             ("seconds (this run)", lambda r: f"{r.seconds:.1f}")]
     if not any(r.tokens for r in results):  # a stage with no model (filter), or nothing left to do

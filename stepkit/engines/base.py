@@ -8,6 +8,15 @@ An engine turns rendered prompt texts into sampled continuations::
 ``generate`` sends a batch and waits for all of it; ``submit`` / ``agenerate`` start one request and
 return as soon as it is done, while the engine keeps batching everything else in flight.
 
+An engine also *scores* text without sampling (one prefill per text, the likelihood labellers)::
+
+    engine.score([ScoreRequest(text, spans=((a, b), ...)), ...]) -> [Scored, ...]
+
+``Scored.logprobs[k]`` holds the log-probability (nats) of each token of target span ``k`` given every
+token before it. Token positions come from one tokenisation of the whole text with character offsets
+(:func:`assign_tokens`), never from the token count of a prefix, because a BPE token can merge across
+the join of a prefix and its target.
+
 Results are order-preserving (``results[i]`` answers ``requests[i]``) and every request gets exactly
 ``n`` completions. Prompts are *rendered text* (chat template already applied, assistant prefix
 appended), so requests that share a solution prefix share a token prefix and hit the prefix cache.
@@ -18,11 +27,12 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import dataclasses
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from stepkit.errors import ConfigError
+from stepkit.errors import ConfigError, StepkitError
 from stepkit.options import Config, check_field, identity, opt
 
 
@@ -93,6 +103,138 @@ class Completion:
         return self.finish_reason == "length"
 
 
+@dataclass(frozen=True)
+class ScoreRequest:
+    """One rendered text whose target spans are scored by one prefill.
+
+    Attributes:
+        text: the whole rendered text (chat template applied), tokenised once as written (special
+            tokens written in it are parsed; none are added).
+        spans: character spans ``(start, end)`` of the targets, ``0 <= start < end <= len(text)``, in
+            order and not overlapping (an answer after a prefix, or each step of a solution).
+    """
+
+    text: str
+    spans: tuple[tuple[int, int], ...]
+
+    def __post_init__(self):
+        last = 0
+        for start, end in self.spans:
+            if not (last <= start < end <= len(self.text)):
+                raise ConfigError(f"score span ({start}, {end}) is empty, out of order or outside a text of "
+                                  f"{len(self.text)} characters")
+            last = end
+
+
+@dataclass(frozen=True)
+class Scored:
+    """The scores of one :class:`ScoreRequest`.
+
+    Attributes:
+        logprobs: per span, the log-probability in nats of each of its tokens (the actual token, looked up
+            by id; never the most likely one).
+        span_tokens: per span, the token ids scored (what ``logprobs`` is about).
+        token_ids: the whole text's token ids (two models share a tokenizer when these agree).
+        error: why the engine could not score the text (e.g. longer than the context); then the other
+            fields are empty. Build such a result with :meth:`failed`.
+    """
+
+    logprobs: tuple[tuple[float, ...], ...] = ()
+    span_tokens: tuple[tuple[int, ...], ...] = ()
+    token_ids: tuple[int, ...] = ()
+    error: str | None = None
+
+    @classmethod
+    def failed(cls, message: str) -> "Scored":
+        return cls(error=message)
+
+    @property
+    def sums(self) -> list[float]:
+        """The summed log-probability (nats) of each span (``math.fsum`` of its tokens)."""
+        return [math.fsum(lp) for lp in self.logprobs]
+
+
+def assign_tokens(offsets: list[tuple[int, int]], spans) -> list[list[int]]:
+    """Which tokens of a text belong to each target span, from the tokens' character offsets.
+
+    Rule: a token belongs to the *last* span it overlaps (``start < span_end`` and ``end > span_start``;
+    a zero-width token, as some tokenizers report for trimmed whitespace, overlaps the span holding its
+    position). So a token that merges the end of the prefix with the start of the target (``"ow"`` in
+    ``"Ho" + "w are you"``) is the target's, and a token spanning the join of two steps is the later
+    step's (case ``step-token-boundary-merge``).
+
+    Args:
+        offsets: ``(start, end)`` character offsets of the text's tokens, in order.
+        spans: ``(start, end)`` character spans, in order, not overlapping.
+
+    Returns:
+        ``out[k]``: the token positions of span ``k`` (ascending).
+
+    Raises:
+        StepkitError: a span's characters are not all covered by tokens (the offsets do not describe the
+            text), or a span gets no token (the next span took its only one).
+    """
+    out: list[list[int]] = [[] for _ in spans]
+    k = 0
+    for j, (s, e) in enumerate(offsets):
+        owner = None
+        for i in range(k, len(spans)):
+            a, b = spans[i]
+            if a >= max(e, s + 1):  # spans are ordered: none further can overlap
+                break
+            if (s < b and e > a) if e > s else a <= s < b:
+                owner = i
+        if owner is not None:
+            out[owner].append(j)
+        while k < len(spans) and spans[k][1] <= s:
+            k += 1
+    for (a, b), positions in zip(spans, out):
+        if not positions:
+            raise StepkitError(f"no token belongs to the target span ({a}, {b}): the next span took its only token")
+        covered = offsets[positions[0]][0]  # the span's characters must all lie in tokens (any span's)
+        j = positions[0]
+        while covered < b and j < len(offsets):
+            s, e = offsets[j]
+            if s > covered:
+                break
+            covered = max(covered, e)
+            j += 1
+        if offsets[positions[0]][0] > a or covered < b:
+            raise StepkitError(f"the tokens' character offsets do not cover the target span ({a}, {b})")
+    return out
+
+
+def actual_token_logprobs(prompt_logprobs, token_ids) -> list[float | None]:
+    """The log-probability of each *actual* prompt token from vLLM-style ``prompt_logprobs``.
+
+    ``prompt_logprobs[i]`` is ``None`` at position 0 (nothing precedes it) and else a mapping from token id
+    (int, or str in JSON) to a ``Logprob`` (or a dict with ``"logprob"``) holding the top-k entries plus
+    the actual token when it is not among them (k or k+1 entries). The entry of ``token_ids[i]`` is read,
+    never the first or most likely one (case ``vllm-prompt-logprobs-pick-actual-token``).
+
+    Returns:
+        one float (nats) per position, ``None`` at position 0.
+
+    Raises:
+        StepkitError: lengths differ, or a position has no entry for its actual token (never replaced by
+            0.0 or skipped).
+    """
+    if len(prompt_logprobs) != len(token_ids):
+        raise StepkitError(f"prompt log-probs for {len(prompt_logprobs)} positions, but {len(token_ids)} tokens")
+    out: list[float | None] = []
+    for i, (entries, tid) in enumerate(zip(prompt_logprobs, token_ids)):
+        if entries is None:
+            if i:
+                raise StepkitError(f"no prompt log-prob at position {i}")
+            out.append(None)
+            continue
+        entry = entries.get(tid, entries.get(str(tid)))
+        if entry is None:
+            raise StepkitError(f"prompt log-probs at position {i} have no entry for the actual token {tid}")
+        out.append(float(entry["logprob"] if isinstance(entry, dict) else entry.logprob))
+    return out
+
+
 @dataclass
 class EngineStats:
     """Counters an engine keeps across calls (reported in progress bars, summaries and manifests)."""
@@ -100,6 +242,7 @@ class EngineStats:
     requests: int = 0
     completions: int = 0
     generated_tokens: int = 0
+    scored_tokens: int = 0  # prompt tokens prefilled by score() (every token of each scored text)
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -161,6 +304,59 @@ class Engine:
             if r.n < 1:
                 raise ConfigError(f"a request needs n >= 1, got {r.n}")
         return requests
+
+    def score(self, requests: list[ScoreRequest]) -> list[Scored]:
+        """The log-probability of every token of each request's target spans, by one prefill per text and
+        no sampling (vLLM ``prompt_logprobs``; the completions endpoint's ``echo`` + ``logprobs``).
+
+        The text is tokenised once with character offsets (:meth:`tokenize_offsets`), the spans are mapped
+        to token positions by :func:`assign_tokens`, and the backend returns the actual token's
+        log-probability at every position (:meth:`_prompt_logprobs`). A target token at position 0 has no
+        log-probability (nothing precedes it): such a request fails.
+
+        Returns:
+            ``results[i]`` answers ``requests[i]``: a :class:`Scored`, or ``Scored.failed(why)`` for a
+            text the engine cannot take (longer than the context, rejected by the server).
+
+        Raises:
+            StepkitError: the backend's reply does not fit the tokens (a wrong length, a missing entry);
+                never a result attached to the wrong text.
+
+        Updates ``self.stats.scored_tokens`` (every token of every scored text: the prefill cost).
+        """
+        requests = list(requests)
+        if not requests:
+            return []
+        tokenised = [self.tokenize_offsets(r.text) for r in requests]
+        owners = [assign_tokens(offsets, r.spans) for r, (_, offsets) in zip(requests, tokenised)]
+        per_position = self._prompt_logprobs([r.text for r in requests], [ids for ids, _ in tokenised])
+        if len(per_position) != len(requests):
+            raise StepkitError(f"{self.name} engine scored {len(per_position)} texts of {len(requests)}")
+        out = []
+        for (ids, _), positions, lps in zip(tokenised, owners, per_position):
+            if isinstance(lps, str):
+                out.append(Scored.failed(lps))
+                continue
+            if len(lps) != len(ids):
+                raise StepkitError(f"{self.name} engine returned {len(lps)} log-probs for {len(ids)} tokens")
+            if any(0 in p for p in positions):
+                out.append(Scored.failed("a target starts the text: its first token has no log-probability"))
+                continue
+            self.stats.scored_tokens += len(ids)
+            out.append(Scored(tuple(tuple(lps[j] for j in p) for p in positions),
+                              tuple(tuple(ids[j] for j in p) for p in positions), tuple(ids)))
+        return out
+
+    def tokenize_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+        """The token ids of ``text`` (as written, no special tokens added) and each token's character
+        ``(start, end)`` offsets. Backends implement it with their tokenizer (a fast tokenizer's
+        ``return_offsets_mapping``)."""
+        raise NotImplementedError(f"the {self.name} engine cannot score text")
+
+    def _prompt_logprobs(self, texts: list[str], token_ids: list[list[int]]) -> list[list[float | None] | str]:
+        """Backend hook of :meth:`score`: for each text and its token ids (from :meth:`tokenize_offsets`), the actual token's log-probability at every
+        position (``None`` at 0), or an error message for a text it cannot take. Batched like generation."""
+        raise NotImplementedError(f"the {self.name} engine cannot score text")
 
     def render_chat(self, messages: list[dict[str, str]]) -> str:
         """Apply the model's chat template to ``messages`` with the generation prompt appended.

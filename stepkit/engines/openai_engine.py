@@ -279,6 +279,7 @@ class OpenAIEngine(Engine):
         self._fast_tok = None  # tokenizers.Tokenizer, loaded lazily (token counting)
         self._chat_source: str | None = None  # "local" or "server", decided on first render_chat
         self._chat_check_note: str | None = None
+        self._score_checked = False  # the local tokenizer checked against the server's /tokenize once
         try:
             self.server_info = self._check_server()
             self.server_version = self._server_version()
@@ -652,8 +653,6 @@ class OpenAIEngine(Engine):
 
     async def _post_completion(self, prompt: str, n: int, sampling: SamplingConfig, seed: int | None):
         """The JSON body of one completions answer, or an error Completion for a rejected request."""
-        import openai
-
         extra_body: dict[str, Any] = {}
         if self.is_vllm:
             extra_body["return_token_ids"] = True
@@ -671,6 +670,18 @@ class OpenAIEngine(Engine):
             kwargs["seed"] = seed
         if extra_body:
             kwargs["extra_body"] = extra_body
+        return await self._post(kwargs)
+
+    async def _post(self, kwargs: dict[str, Any]):
+        """POST one completions request: its JSON body, or an error Completion for a request the server
+        rejects for its own content (HTTP 400/413/422).
+
+        Raises:
+            EngineUnavailable: the server fails after retries, refuses the job, or answers something that is
+                not a completion (malformed JSON, no ``choices`` list).
+        """
+        import openai
+
         client = self._async_client()
         try:
             raw = await client.completions.with_raw_response.create(**kwargs)
@@ -697,6 +708,95 @@ class OpenAIEngine(Engine):
             raise EngineUnavailable(f"the server at {self.base_url} answered a completions request with "
                                     f"something that is not a completion ({_one_line(exc, 100)})") from None
         return data
+
+    # -- scoring (prompt log-probabilities, no sampling) ---------------------------------------------
+
+    def tokenize_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+        """Token ids and character offsets of ``text`` (as written, no special tokens added) from the local
+        tokenizer; the prompt is then sent as those token ids, so the server scores exactly them. The
+        first call checks the ids against the server's ``POST /tokenize`` when it has one.
+
+        Raises:
+            ConfigError: no local tokenizer (give ``--tokenizer``: offsets are not served), a tokenizer
+                without offsets, or one that tokenises differently from the server.
+        """
+        if not self._tokenizer_path:
+            raise ConfigError(f"scoring through the openai engine needs the model's tokenizer locally: give "
+                              f"--tokenizer (a bundled model name or folder) for {self.model}")
+        try:
+            enc = self._tokenizer()(text, add_special_tokens=False, return_offsets_mapping=True)
+        except NotImplementedError as exc:
+            raise ConfigError(f"tokenizer {self._tokenizer_path}: scoring needs a fast tokenizer with character "
+                              f"offsets ({_one_line(exc)})") from None
+        ids, offsets = list(enc["input_ids"]), [tuple(o) for o in enc["offset_mapping"]]
+        if not self._score_checked:
+            self._score_checked = True
+            response = self._control("POST", f"{self.root_url}/tokenize",
+                                     json={"model": self.model, "prompt": text, "add_special_tokens": False})
+            if response.status_code == 200 and response.json().get("tokens") not in (None, ids):
+                raise ConfigError(f"the local tokenizer {self._tokenizer_path} tokenises differently from the "
+                                  f"server's model {self.model}: give --tokenizer for the served model")
+        return ids, offsets
+
+    def _prompt_logprobs(self, texts: list[str], token_ids: list[list[int]]) -> list[list[float | None] | str]:
+        """One completions request per text, up to ``concurrency`` in flight: the prompt as token ids with
+        ``echo: true, logprobs: 0, max_tokens: 0, temperature: 0`` (OpenAI's completions API; vLLM serves
+        it from the prompt log-probs), read from ``choices[0].logprobs.token_logprobs`` (``None`` at 0).
+        A rejected text (HTTP 400, e.g. longer than the context) fails alone."""
+        with self._lock:
+            outputs = self._run(self._score_all(token_ids))
+        self.stats.requests += len(token_ids)
+        return outputs
+
+    async def _score_all(self, token_ids: list[list[int]]) -> list[list[float | None] | str]:
+        semaphore = self._semaphore()
+
+        async def one(ids: list[int]):
+            async with semaphore:
+                kwargs: dict[str, Any] = dict(model=self.model, prompt=ids, max_tokens=0, echo=True, logprobs=0,
+                                              temperature=0)
+                if self.is_vllm:
+                    kwargs["extra_body"] = {"return_token_ids": True}
+                data = await self._post(kwargs)
+            if isinstance(data, Completion):
+                return data.error
+            return self._parse_scores(data, ids)
+
+        tasks = [asyncio.ensure_future(one(ids)) for ids in token_ids]
+        try:
+            return list(await asyncio.gather(*tasks))
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    def _parse_scores(self, data: dict, ids: list[int]) -> list[float | None]:
+        """The per-position log-probs of one echo reply, checked against the ids sent.
+
+        Raises:
+            EngineUnavailable: not one choice, no ``logprobs.token_logprobs`` list, a length other than the
+                prompt's, a number missing after position 0, or (vLLM) other prompt token ids than sent.
+        """
+        def bad(why: str):
+            return EngineUnavailable(f"the server at {self.base_url} answered a scoring request with {why}")
+
+        choices = data["choices"]
+        if len(choices) != 1 or not isinstance(choices[0], dict):
+            raise bad(f"{len(choices)} choices instead of 1")
+        choice = choices[0]
+        lps = (choice.get("logprobs") or {}).get("token_logprobs") if isinstance(choice.get("logprobs"), dict) else None
+        if not isinstance(lps, list):
+            raise bad("no logprobs.token_logprobs (does it support echo with logprobs?)")
+        if choice.get("prompt_token_ids") is not None and list(choice["prompt_token_ids"]) != ids:
+            raise bad("other prompt token ids than the ones sent")
+        if len(lps) != len(ids):
+            raise bad(f"{len(lps)} prompt log-probs for {len(ids)} prompt tokens")
+        out: list[float | None] = [None]
+        for i, x in enumerate(lps[1:], 1):
+            if isinstance(x, bool) or not isinstance(x, (int, float)):
+                raise bad(f"no log-prob at prompt position {i}")
+            out.append(float(x))
+        return out
 
     def _parse_choices(self, data: dict, need: int) -> list[Completion]:
         choices = sorted((c for c in data["choices"] if isinstance(c, dict)), key=lambda c: c.get("index", 0))

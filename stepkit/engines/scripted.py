@@ -9,6 +9,12 @@ From the CLI, ``--engine scripted --model scripted:echo`` answers "The answer is
 prompt>" (deterministic, fast); ``scripted:judge`` answers judge prompts (:func:`judge_policy`); ``scripted:clues`` answers the clue
 recovery and clue verification prompts of ``stepkit clue`` (:func:`clues_policy`); ``STEPKIT_SCRIPTED_DELAY`` (seconds per request) slows it down so tests
 can kill a run mid-shard.
+
+Scoring (:meth:`ScriptedEngine.score`): the text is split into tokens by :func:`scripted_tokens` (a word
+with its leading space, a run of punctuation, a run of whitespace) and a *scorer*
+``scorer(context, token) -> logprob`` gives each token's log-probability from the text before it.
+:func:`echo_scorer` (the default) makes values known exactly: ``-0.5`` for a token already seen in the
+context, ``-3.0`` otherwise; ``scripted:flat`` scores every token ``-2.0`` (a reference model).
 """
 
 from __future__ import annotations
@@ -24,6 +30,30 @@ from stepkit.errors import ConfigError
 Policy = Callable[[str, int, int], "str | Completion"]
 
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+_TOKEN = re.compile(r" ?\w+| ?[^\w\s]+|\s+")
+
+Scorer = Callable[[str, str], float]
+Tokenizer = Callable[[str], list[tuple[int, int]]]
+
+
+def scripted_tokens(text: str) -> list[tuple[int, int]]:
+    """Character offsets of the scripted tokenizer's tokens: a word with its leading space, a run of
+    punctuation with its leading space, or a run of whitespace; together they cover ``text``."""
+    return [m.span() for m in _TOKEN.finditer(text)]
+
+
+SEEN_LOGPROB, UNSEEN_LOGPROB, FLAT_LOGPROB = -0.5, -3.0, -2.0
+
+
+def echo_scorer(context: str, token: str) -> float:
+    """``-0.5`` nats when ``token`` (stripped) already occurs in ``context``, else ``-3.0``: an answer the
+    prefix has written scores well (a known-value stand-in for a likelihood)."""
+    return SEEN_LOGPROB if token.strip() and token.strip() in context else UNSEEN_LOGPROB
+
+
+def flat_scorer(context: str, token: str) -> float:
+    """Every token ``-2.0`` nats (``scripted:flat``: a stand-in reference model)."""
+    return FLAT_LOGPROB
 
 
 def echo_policy(prompt: str, j: int, n: int) -> str:
@@ -108,10 +138,13 @@ class ScriptedEngine(Engine):
     name = "scripted"
     uses_seed = False
 
-    def __init__(self, policy: Policy = echo_policy, model: str = "scripted:echo", delay: float = 0.0):
+    def __init__(self, policy: Policy = echo_policy, model: str = "scripted:echo", delay: float = 0.0,
+                 scorer: Scorer = echo_scorer, tokenizer: Tokenizer = scripted_tokens, max_len: int | None = None):
         super().__init__()
         self.policy, self.model, self.delay = policy, model, delay
+        self.scorer, self.tokenizer, self.max_len = scorer, tokenizer, max_len
         self.calls: list[Request] = []
+        self.scored: list[str] = []  # every text scored, in order
 
     @classmethod
     def create(cls, model: str, seed: int = 0, **options) -> "ScriptedEngine":
@@ -127,10 +160,31 @@ class ScriptedEngine(Engine):
             ConfigError: another name.
         """
         policies = {"scripted": echo_policy, "scripted:echo": echo_policy, "scripted:judge": judge_policy,
-                    "scripted:clues": clues_policy}
+                    "scripted:clues": clues_policy, "scripted:flat": echo_policy}
         if spec not in policies:
-            raise ConfigError(f"unknown scripted model {spec!r} (use scripted:echo, scripted:judge or scripted:clues)")
-        return cls(policies[spec], spec, float(os.environ.get("STEPKIT_SCRIPTED_DELAY", "0")))
+            raise ConfigError(f"unknown scripted model {spec!r} (use scripted:echo, scripted:judge, scripted:clues "
+                              f"or scripted:flat)")
+        return cls(policies[spec], spec, float(os.environ.get("STEPKIT_SCRIPTED_DELAY", "0")),
+                   scorer=flat_scorer if spec == "scripted:flat" else echo_scorer)
+
+    def tokenize_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+        """Token ids (a stable hash of each token's text) and offsets from ``self.tokenizer``."""
+        import zlib
+
+        offsets = self.tokenizer(text)
+        return [zlib.crc32(text[a:b].encode()) for a, b in offsets], offsets
+
+    def _prompt_logprobs(self, texts: list[str], token_ids: list[list[int]]) -> list[list[float | None] | str]:
+        out: list[list[float | None] | str] = []
+        for text, ids in zip(texts, token_ids):
+            self.scored.append(text)
+            if self.max_len is not None and len(ids) > self.max_len:
+                out.append(f"prompt too long: {len(ids)} tokens, max_model_len {self.max_len}")
+                continue
+            offsets = self.tokenizer(text)
+            out.append([None] + [self.scorer(text[:a], text[a:b]) for a, b in offsets[1:]])
+        return out
+
 
     def render_chat(self, messages: list[dict[str, str]]) -> str:
         return "".join(f"<|{m['role']}|>\n{m['content']}\n" for m in messages) + "<|assistant|>\n"

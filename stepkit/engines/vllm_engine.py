@@ -71,7 +71,7 @@ if os.environ["VLLM_LOGGING_LEVEL"].upper() not in ("INFO", "DEBUG"):  # VLLM_LO
 # vLLM's Triton shim touches a deprecated torch attribute at import; nothing a user can act on.
 warnings.filterwarnings("ignore", message=r".*torch\.distributed\.reduce_op.*", category=FutureWarning)
 
-from stepkit.engines.base import Completion, Engine, Request, SamplingConfig  # noqa: E402
+from stepkit.engines.base import Completion, Engine, Request, SamplingConfig, actual_token_logprobs  # noqa: E402
 from stepkit.errors import ConfigError, StepkitError  # noqa: E402
 from stepkit.models import resolve_model  # noqa: E402
 from stepkit.options import Config, opt  # noqa: E402
@@ -344,6 +344,55 @@ class VLLMEngine(Engine):
         self.stats.requests += len(requests)
         self.stats.completions += sum(r.n for r in requests)
         return results
+
+    # -- scoring (prompt log-probabilities, no sampling) -------------------------------------------
+
+    def tokenize_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+        """Token ids of ``text`` as written (no special tokens added; those written in the chat template are
+        parsed) and their character offsets, from the model's fast tokenizer.
+
+        Raises:
+            ConfigError: the tokenizer gives no offsets (not a fast tokenizer).
+        """
+        try:
+            enc = self._tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        except NotImplementedError as exc:
+            raise ConfigError(f"model {self.model}: scoring needs a fast tokenizer with character offsets "
+                              f"({_first_line(exc)})") from exc
+        return list(enc["input_ids"]), [tuple(o) for o in enc["offset_mapping"]]
+
+    def _prompt_logprobs(self, texts: list[str], token_ids: list[list[int]]) -> list[list[float | None] | str]:
+        """One ``LLM.generate`` call over ``TokensPrompt``s with ``SamplingParams(max_tokens=1,
+        temperature=0, prompt_logprobs=0)``: vLLM returns, per prompt position, the actual token's entry
+        (plus the top one when asked for more), read by id (:func:`actual_token_logprobs`). vLLM does not
+        use the prefix cache for requests that ask for prompt log-probs (every position's logits are
+        needed), so a row with M prefixes costs M full prefills. A text longer than ``max_model_len - 1``
+        fails alone."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        llm = self.llm
+        params = SamplingParams(max_tokens=1, temperature=0, prompt_logprobs=0)
+        out: list[list[float | None] | str] = [""] * len(token_ids)
+        send = []
+        for i, ids in enumerate(token_ids):
+            if len(ids) >= self.max_model_len:
+                out[i] = f"prompt too long: {len(ids)} tokens, max_model_len {self.max_model_len}"
+            else:
+                send.append(i)
+        with self._engine_lock:
+            if self._pending:
+                raise StepkitError("vllm engine: score() while submitted requests are running")
+            outputs = llm.generate([TokensPrompt(prompt_token_ids=token_ids[i]) for i in send], params,
+                                   use_tqdm=False) if send else []
+        if len(outputs) != len(send):  # pragma: no cover - vLLM guarantees one output per prompt
+            raise StepkitError(f"vllm returned {len(outputs)} outputs for {len(send)} prompts")
+        for i, res in zip(send, outputs):
+            if list(res.prompt_token_ids) != list(token_ids[i]):
+                raise StepkitError("vllm scored other tokens than the ones sent")
+            out[i] = actual_token_logprobs(res.prompt_logprobs, token_ids[i])
+        self.stats.requests += len(send)
+        return out
 
     # -- asynchronous requests: one engine loop, continuous batching ------------------------------
 

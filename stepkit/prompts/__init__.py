@@ -169,3 +169,72 @@ def render_clue_verify(engine, template: PromptTemplate, problem: str, steps: li
     """The rendered prompt asking which step of ``steps`` first establishes ``clue``."""
     return engine.render_chat(template.messages(problem, steps=tag_steps(steps), clue=clue, n_steps=str(len(steps)),
                                                 last_index=str(len(steps) - 1)))
+
+
+# --- likelihood scaffold (stepkit likelihood-label) ------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AnswerScaffold:
+    """What ``likelihood-label`` scores: the reference answer after a step prefix.
+
+    The text of prefix ``i`` is ``render_chat([system?, user(problem)]) + render_prefix(steps, sep, i) +
+    answer_prefix + answer`` with ``{answer}`` filled; the target span is the filled ``answer`` (so its
+    closing text, e.g. the final ``.``, is scored too). ``implicit-prm`` scores the steps themselves after
+    the same chat prompt.
+    """
+
+    version: str
+    user: str
+    answer_prefix: str
+    answer: str
+    system: str | None = None
+
+    def chat(self, engine, problem: str) -> str:
+        """The rendered chat prompt for ``problem`` (generation prompt appended)."""
+        msgs = [{"role": "system", "content": fill(self.system, {"problem": problem})}] if self.system else []
+        return engine.render_chat(msgs + [{"role": "user", "content": fill(self.user, {"problem": problem})}])
+
+    def answer_text(self, chat: str, steps: list[str], separator: str, i: int, answer: str) -> tuple[str, tuple[int, int]]:
+        """``(text, (start, end))``: the scored text of prefix ``steps[:i]`` and the answer's character span."""
+        head = chat + render_prefix(steps, separator, i) + self.answer_prefix
+        target = fill(self.answer, {"answer": answer})
+        return head + target, (len(head), len(head) + len(target))
+
+    def hash(self) -> str:
+        """Short stable hash of the scaffold (recorded in manifests)."""
+        return config_hash(asdict(self))
+
+
+def load_answer_scaffold(path: str | Path | None = None) -> AnswerScaffold:
+    """Read an answer scaffold (YAML: ``version``, ``user`` with ``{problem}``, ``answer_prefix``, ``answer``
+    with ``{answer}``, optional ``system``); default: the built-in ``stepkit/prompts/likelihood-answer.yaml``.
+
+    Raises:
+        ConfigError: unreadable file, a missing or non-string key, an unknown key, or a missing slot.
+    """
+    import yaml
+
+    path = Path(path) if path is not None else Path(__file__).with_name("likelihood-answer.yaml")
+    try:
+        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+        raise ConfigError(f"{path}: not a readable YAML template ({e})") from None
+    except (ValueError, RecursionError) as e:
+        raise ConfigError(f"{path}: not a readable YAML template ({parse_failure(e)})") from None
+    keys = ("version", "user", "answer_prefix", "answer")
+    if not isinstance(doc, dict):
+        raise ConfigError(f"{path}: an answer scaffold is a mapping with {', '.join(keys)}")
+    unknown = set(doc) - {*keys, "system"}
+    if unknown:
+        raise ConfigError(f"{path}: unknown key(s) {', '.join(sorted(unknown))}")
+    for key in keys:
+        if not isinstance(doc.get(key), str) or (key != "answer_prefix" and not doc[key].strip()):
+            raise ConfigError(f"{path}: key {key!r} must be a{'' if key == 'answer_prefix' else ' non-empty'} string")
+    if doc.get("system") is not None and not isinstance(doc["system"], str):
+        raise ConfigError(f"{path}: key 'system' must be a string")
+    if "{problem}" not in doc["user"]:
+        raise ConfigError(f"{path}: the user message needs the {{problem}} slot")
+    if "{answer}" not in doc["answer"]:
+        raise ConfigError(f"{path}: the answer needs the {{answer}} slot")
+    return AnswerScaffold(doc["version"], doc["user"], doc["answer_prefix"], doc["answer"], doc.get("system"))

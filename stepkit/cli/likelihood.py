@@ -1,0 +1,121 @@
+"""``stepkit likelihood-label``: the command and its ``stats``/``show`` view (the method:
+:mod:`stepkit.stages.likelihood`)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import click
+from rich.table import Table
+
+from stepkit.cli.common import engine_options, engine_spec, run, runner_options
+from stepkit.options import click_options, from_params
+from stepkit.shards import read_manifest
+from stepkit.stages.likelihood import LikelihoodConfig
+from stepkit.views import StageView
+
+PREFIX_CACHE_NOTE = ("vLLM does not use the prefix cache for prompt-log-prob requests: a row of M steps costs "
+                     "about M + 1 full prefills of its length (answer-gain), 2 (implicit-prm)")
+
+
+@click.command("likelihood-label")
+@click.argument("inp", metavar="IN", type=click.Path())
+@click.argument("out", metavar="OUT", type=click.Path())
+@click_options(LikelihoodConfig)
+@engine_options(samples=False)
+@runner_options
+def command(inp, out, **kw):
+    """Step rewards from log-probabilities of the trajectories in IN: one prefill per prefix, no sampling.
+
+    answer-gain: lh_value[i] = log P(reference answer | problem + steps[:i+1]), lh_gain its change per step;
+    implicit-prm: lh_reward[i] = beta x log-ratio of --model and --reference-model over step i, lh_q its
+    running sum. Writes lh_first_error and lh_label from --threshold (or --calibrate SHARD).
+    """
+    from stepkit.engines.base import SamplingConfig
+    from stepkit.stages.likelihood import LikelihoodStage
+
+    cfg = from_params(LikelihoodConfig, kw)
+    stage = LikelihoodStage(cfg, engine_spec(kw), SamplingConfig(temperature=0, max_tokens=1, seed=kw["seed"]))
+    run(stage, inp, out, kw, "likelihood-label")
+
+
+def _mean(xs):
+    return sum(xs) / len(xs) if xs else None
+
+
+def _fmt(x, digits=2):
+    return "-" if x is None else f"{x:.{digits}f}"
+
+
+def _tables(rows, console, figs, shards):
+    """likelihood-label's part of ``stats``: signal by step position, first errors, cost."""
+    status = Counter(r.get("lh_status") for r in rows)
+    figs["lh_status"] = dict(status)
+    implicit = any(r.get("lh_q") for r in rows)
+    cols = ("lh_reward", "lh_q") if implicit else ("lh_value", "lh_gain")
+    by_pos: dict[int, list[tuple[float, float]]] = {}
+    for r in rows:
+        for s, pair in enumerate(zip(r.get(cols[0]) or [], r.get(cols[1]) or [])):
+            by_pos.setdefault(s, []).append(pair)
+    t = Table(title=f"{cols[0]} and {cols[1]} by step position (nats)")
+    for c in ("step", "n", f"mean {cols[0]}", f"mean {cols[1]}", f"share {cols[1]} < 0"):
+        t.add_column(c, justify="right")
+    for s in sorted(by_pos):
+        a, b = zip(*by_pos[s])
+        t.add_row(str(s), str(len(a)), _fmt(_mean(a)), _fmt(_mean(b)), f"{sum(x < 0 for x in b) / len(b):.2f}")
+    console.print(t)
+    fe = Counter(r.get("lh_first_error") for r in rows if r.get("lh_status") == "ok")
+    figs["lh_first_error_histogram"] = {str(k): v for k, v in fe.items()}
+    h = Table(title="first error (lh_first_error)")
+    h.add_column("step")
+    h.add_column("rows", justify="right")
+    for k in sorted(fe):
+        h.add_row("none (-1)" if k == -1 else str(k), str(fe[k]))
+    console.print(h)
+    manifests = [m for m in map(read_manifest, shards) if m and m.get("stage") == "likelihood-label"]
+    scored = sum(r.get("lh_scored_tokens") or 0 for r in rows)
+    texts = sum((m.get("counts") or {}).get("texts", 0) for m in manifests)
+    seconds = sum((m.get("run") or {}).get("seconds_this_run", 0) for m in manifests)
+    run_tokens = sum((m.get("run") or {}).get("tokens_this_run", 0) for m in manifests)
+    s = Table(title="likelihood labelling", show_header=False)
+    s.add_row("status", ", ".join(f"{k}: {v}" for k, v in status.items()))
+    thresholds = sorted({m.get("config", {}).get("threshold") for m in manifests} - {None})
+    if thresholds:
+        s.add_row("threshold (nats)", ", ".join(f"{x:.4g}" for x in thresholds))
+    for m in manifests[:1]:
+        cal = (m.get("provenance") or {}).get("calibration")
+        if cal:
+            s.add_row("calibrated on", f"{cal['shard']} ({cal['rows']} rows, F1 {100 * cal['f1']:.1f})")
+    s.add_row("prompt tokens scored", str(scored))
+    if texts:
+        s.add_row("texts scored (prefills)", str(texts))
+    if seconds and run_tokens:
+        s.add_row("prompt tokens scored per second (last run)", f"{run_tokens / seconds:.0f}")
+    s.add_row("cost", PREFIX_CACHE_NOTE)
+    figs["lh_scored_tokens"] = scored
+    console.print(s)
+
+
+def _header(row):
+    start = "" if row.get("lh_value_start") is None else f"value before any step = {_fmt(row['lh_value_start'])}   "
+    fe = row.get("lh_first_error")
+    return f"{start}status {row.get('lh_status')}   first error {'-' if fe is None else fe}"
+
+
+def _step_columns(row):
+    if row.get("lh_q"):
+        return [(c, "right") for c in ("lh reward", "lh q", "lh label")]
+    if row.get("lh_value"):
+        return [(c, "right") for c in ("lh value", "lh gain", "lh label")]
+    return []
+
+
+def _step_cells(row, s):
+    a, b = (row["lh_reward"], row["lh_q"]) if row.get("lh_q") else (row["lh_value"], row["lh_gain"])
+    lab = row["lh_label"][s] if row.get("lh_label") else None
+    style = "bold red" if row.get("lh_first_error") == s else "green" if b[s] >= 0 else "yellow"
+    return [_fmt(a[s]), _fmt(b[s]), "?" if lab is None else "ok" if lab else "WRONG"], style
+
+
+VIEW = StageView(marker="lh_status", stats=_tables, status_column="lh_status", header=_header,
+                 step_columns=_step_columns, step_cells=_step_cells)

@@ -1,0 +1,87 @@
+"""likelihood-label against the real engines with the bundled model: offline vLLM and a real vLLM server give
+the same values, and both agree with a plain transformers forward pass (so token positions are right).
+
+One engine at a time: the offline run is a subprocess that ends before the server starts."""
+
+from __future__ import annotations
+
+import math
+
+import pyarrow.parquet as pq
+import pytest
+
+from tests.conftest import DATA
+from tests.conftest import run_cli as run
+
+pytestmark = pytest.mark.engine
+
+
+@pytest.fixture(scope="module")
+def pb(tmp_path_factory):
+    out = tmp_path_factory.mktemp("pb") / "pb.parquet"
+    run("ingest", "processbench", DATA / "processbench" / "gsm8k.json", out, "--limit", 3)
+    return out
+
+
+@pytest.fixture(scope="module")
+def offline(pb, tmp_path_factory):
+    out = tmp_path_factory.mktemp("lh") / "vllm.parquet"
+    p = run("likelihood-label", pb, out, "--model", "smollm2-135m", "--no-progress")
+    return out, p
+
+
+def test_offline_vllm_labels_every_row(offline):
+    out, p = offline
+    rows = pq.read_table(out).to_pylist()
+    assert len(rows) == 3
+    for r in rows:
+        assert r["lh_status"] == "ok" and r["error"] is None
+        assert len(r["lh_value"]) == len(r["lh_gain"]) == len(r["lh_label"]) == len(r["steps"])
+        assert all(v < 0 for v in r["lh_value"]) and r["lh_value_start"] < 0  # log-probabilities
+        assert r["lh_first_error"] is not None and r["lh_answer_tokens"] >= 2  # the answer and its "."
+    assert "likelihood-label" in p.stdout and "scored tokens" in p.stdout  # the summary table
+
+
+def test_values_match_a_transformers_forward_pass(pb, offline):
+    """An independent computation of one value: log P(answer | text before it) from the model's logits."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from stepkit.models import resolve_model
+    from stepkit.prompts import load_answer_scaffold
+
+    out, _ = offline
+    row = pq.read_table(out).to_pylist()[0]
+    path = resolve_model("smollm2-135m")
+    tok = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32)
+    sc = load_answer_scaffold()
+    chat = tok.apply_chat_template([{"role": "user", "content": sc.user.replace("{problem}", row["prompt"])}],
+                                   tokenize=False, add_generation_prompt=True)
+    text, (a, b) = sc.answer_text(chat, row["steps"], row["step_separator"], 1, row["reference_answer"])
+    enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
+    ids = enc.input_ids
+    positions = [j for j, (s, e) in enumerate(enc.offset_mapping) if s < b and e > a]
+    with torch.no_grad():
+        logp = torch.log_softmax(model(torch.tensor([ids])).logits[0].float(), -1)
+    value = sum(logp[j - 1, ids[j]].item() for j in positions)
+    assert math.isclose(value, row["lh_value"][0], abs_tol=0.15), (value, row["lh_value"][0])  # bf16 vs fp32
+
+
+def test_openai_server_gives_the_same_values(pb, offline, tmp_path):
+    from stepkit.models import resolve_model
+    from tests.servers import vllm_server
+
+    out, _ = offline
+    with vllm_server(resolve_model("smollm2-135m")) as url:
+        served = tmp_path / "openai.parquet"
+        run("likelihood-label", pb, served, "--engine", "openai", "--model", "smollm2-135m", "--base-url", url,
+            "--no-progress")
+    a, b = pq.read_table(out).to_pylist(), pq.read_table(served).to_pylist()
+    worst = 0.0
+    for x, y in zip(a, b):
+        for u, v in zip([x["lh_value_start"], *x["lh_value"]], [y["lh_value_start"], *y["lh_value"]]):
+            worst = max(worst, abs(u - v))
+        assert x["lh_scored_tokens"] == y["lh_scored_tokens"] and x["lh_answer_tokens"] == y["lh_answer_tokens"]
+    print(f"\nlargest |vllm - openai| over {sum(len(x['lh_value']) + 1 for x in a)} values: {worst:.2e} nats")
+    assert worst <= 1e-3
