@@ -38,6 +38,8 @@ demo: model
 		--continuations 4 --max-tokens 192
 	$(BIN)/stepkit stats out/demo/labeled.parquet
 	$(BIN)/stepkit show out/demo/labeled.parquet --status ok
+	$(BIN)/stepkit likelihood-label out/demo/labeled.parquet out/demo/likelihood.parquet --model smollm2-135m
+	$(BIN)/stepkit eval agreement out/demo/likelihood.parquet --a mc_first_error --b lh_first_error
 	$(BIN)/stepkit filter out/demo/labeled.parquet out/demo/filtered.parquet --rule status:mc_status=ok --rule dedupe \
 		--dropped out/demo/dropped.parquet --no-progress
 	$(BIN)/stepkit export out/demo/filtered.parquet out/demo/dataset --format trl --labels mc_value

@@ -100,6 +100,10 @@ LH_FIELDS = [  # likelihood-label (stepkit/stages/likelihood.py)
     pa.field("lh_status", pa.string()),
 ]
 
+LOG_SCALE_COLUMNS = frozenset(["lh_value", "lh_gain", "lh_reward", "lh_q"])
+"""Per-step float columns in nats (log-probabilities and their differences), not values in [0, 1]: a hard
+label from them needs the stage's first-error rule (``lh_label``), never ``value > 0``."""
+
 MCTS_FIELDS = [  # per step: the node whose prefix ends at that step (null: not a node)
     pa.field("mcts_value", pa.list_(pa.float32())),
     pa.field("mcts_rollouts", pa.list_(pa.int32())),

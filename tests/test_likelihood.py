@@ -425,3 +425,143 @@ def test_cli_bad_step_separator_is_one_line(tmp_path):
     p = label(src, tmp_path / "o.parquet", check=False)
     assert p.returncode == 1 and "row 0" in p.stderr and "step_separator" in p.stderr
     assert len(p.stderr.strip().splitlines()) == 1
+
+
+# --- regressions from a breaking session --------------------------------------------------------------
+
+def test_a_step_whose_only_token_spans_into_the_next_is_a_row_error_not_a_stop():
+    stage = LikelihoodStage(LikelihoodConfig(method="implicit-prm", reference_model="scripted:flat"),
+                            EngineSpec.of(ScriptedEngine()), SAMPLING, reference=EngineSpec.of(ScriptedEngine(
+                                scorer=lambda c, t: -2.0)))
+    stage.open()
+    (bad, ok), _ = stage.process([trow("b", ["abc", "def"], sep=""), trow("o", ["abc", "def"], sep="\n")])
+    assert bad["error"].startswith("likelihood-label: engine: no token belongs") and bad["lh_reward"] is None
+    assert ok["error"] is None and ok["lh_status"] == "ok"
+
+
+def test_trimmed_whitespace_offsets_are_covered():
+    """Tokenizers that leave a token's leading space out of its offsets (or report it zero-width)."""
+    text = "ab cd e"
+    assert assign_tokens([(0, 2), (3, 5), (6, 7)], [(2, 7)], text) == [[1, 2]]
+    assert assign_tokens([(0, 2), (2, 2), (3, 5), (6, 7)], [(2, 7)], text) == [[1, 2, 3]]
+    with pytest.raises(StepkitError, match="do not cover"):  # a hole over a letter is never whitespace
+        assign_tokens([(0, 2), (4, 5), (6, 7)], [(2, 7)], text)
+
+
+@pytest.fixture(scope="module")
+def labelled(pb, tmp_path_factory):
+    out = tmp_path_factory.mktemp("lab") / "tune.parquet"
+    label(pb, out)
+    return out
+
+
+def _with_column(src, dst, name, array):
+    import shutil
+
+    t = pq.read_table(src)
+    pq.write_table(t.set_column(t.schema.get_field_index(name), name, array), dst)
+    shutil.copy(src.with_name(src.stem + ".manifest.json"), dst.with_name(dst.stem + ".manifest.json"))
+
+
+@pytest.mark.parametrize("column,make,why", [
+    ("reference_first_error", lambda v, n: pa.array([float("nan")] + [float(x) for x in v[1:]]), "expected int"),
+    ("reference_first_error", lambda v, n: pa.array([[x] for x in v]), "expected int"),
+    ("reference_first_error", lambda v, n: pa.array([str(x) for x in v]), "expected int"),
+    ("reference_first_error", lambda v, n: pa.array([n[0] + 5] + v[1:], pa.int32()), "outside -1.."),
+    ("lh_gain", lambda v, n: pa.array([str(x) for x in v]), "expected list<float>"),
+    ("lh_gain", lambda v, n: pa.array([[float("nan")] * len(v[0])] + v[1:], pa.list_(pa.float32())), "finite"),
+    ("lh_gain", lambda v, n: pa.array([v[0][:-1]] + v[1:], pa.list_(pa.float32())), "finite values"),
+])
+def test_calibration_shard_bad_values_are_one_line(labelled, tmp_path, pb, column, make, why):
+    t = pq.read_table(labelled)
+    values, steps = t.column(column).to_pylist(), [len(s) for s in t.column("steps").to_pylist()]
+    bad = tmp_path / "bad.parquet"
+    _with_column(labelled, bad, column, make(values, steps))
+    p = label(pb, tmp_path / "o.parquet", "--calibrate", bad, check=False)
+    assert p.returncode == 1 and why in p.stderr and f"column '{column}'" in p.stderr, p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1 and "Traceback" not in p.stderr
+
+
+def test_calibrate_on_out_is_refused(labelled, pb, tmp_path):
+    p = label(pb, labelled, "--calibrate", labelled, check=False)
+    assert p.returncode == 2 and "is (inside) OUT" in p.stderr
+
+
+def test_reference_model_and_templates_checked_before_any_work(pb, tmp_path):
+    p = label(pb, tmp_path / "o.parquet", "--method", "implicit-prm", "--reference-model", "nonsense", check=False)
+    assert p.returncode == 1 and "--reference-model nonsense" in p.stderr and not (tmp_path / "o.parquet.parts").exists()
+    p = label(pb, tmp_path / "o.parquet", "--method", "implicit-prm", "--reference-model", "scripted:nope",
+              check=False)
+    assert p.returncode == 1 and "unknown scripted model" in p.stderr
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("user: [unclosed\n")
+    p = label(pb, tmp_path / "o.parquet", "--template", bad, check=False)
+    assert p.returncode == 1 and len(p.stderr.strip().splitlines()) == 1 and "line 2" in p.stderr
+
+
+@pytest.mark.parametrize("kw,why", [({"beta": 3.0}, "--beta is for"), ({"calibrate_col": "x"}, "--calibrate-col is for")])
+def test_options_that_do_not_apply_are_refused(kw, why):
+    with pytest.raises(ConfigError, match=why):
+        LikelihoodConfig(**kw)
+
+
+def test_implicit_prm_needs_no_reference_answer(tmp_path):
+    schema = TRAJECTORY_SCHEMA.remove(TRAJECTORY_SCHEMA.get_field_index("reference_answer"))
+    src = tmp_path / "noref.parquet"
+    rows = [{k: v for k, v in trow("a", ["6 + 12 = 18", "so 18"]).items() if k != "reference_answer"}]
+    pq.write_table(pa.Table.from_pylist(rows, schema=schema), src)
+    label(src, tmp_path / "o.parquet", "--method", "implicit-prm", "--reference-model", "scripted:flat")
+    (r,) = pq.read_table(tmp_path / "o.parquet").to_pylist()
+    assert r["lh_status"] == "ok" and len(r["lh_q"]) == 2
+
+
+def test_implicit_prm_provenance_when_nothing_was_loaded():
+    stage = LikelihoodStage(LikelihoodConfig(method="implicit-prm", reference_model="scripted:flat"),
+                            EngineSpec("scripted", "scripted:echo"), SAMPLING)
+    prov = stage.provenance()  # every chunk resumed: no model loaded in this run
+    assert prov["engine"]["model"] == "scripted:echo" and prov["reference_engine"]["model"] == "scripted:flat"
+    assert "every chunk was resumed" in prov["engine"]["note"]
+
+
+def test_kill_mid_run_then_resume_gives_identical_output(pb, tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    full, part = tmp_path / "full.parquet", tmp_path / "part.parquet"
+    label(pb, full, "--chunk-size", 2)
+    env = {**os.environ, "STEPKIT_SCRIPTED_DELAY": "0.05"}
+    proc = subprocess.Popen([sys.executable, "-m", "stepkit.cli", "likelihood-label", pb, part, "--engine",
+                             "scripted", "--model", "scripted:echo", "--no-progress", "--chunk-size", "2"], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    parts = tmp_path / "part.parquet.parts"
+    deadline = time.time() + 60
+    while time.time() < deadline and len(list(parts.glob("part-*.parquet"))) < 2:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not part.exists() and len(list(parts.glob("part-*.parquet"))) >= 2
+    label(pb, part, "--chunk-size", 2)
+    assert read_manifest(part)["run"]["resumed_chunks"] >= 2
+    cols = [c for c in pq.read_schema(full).names]
+    assert pq.read_table(part).select(cols).equals(pq.read_table(full).select(cols))
+
+
+def test_export_refuses_log_probabilities_as_hard_labels(labelled, tmp_path):
+    p = run("export", labelled, tmp_path / "ds", "--format", "trl", "--labels", "lh_value", check=False)
+    assert p.returncode == 1 and "log-probabilities" in p.stderr and "lh_label" in p.stderr
+    run("export", labelled, tmp_path / "ds2", "--format", "trl", "--labels", "lh_label")
+    run("export", labelled, tmp_path / "ds3", "--format", "trl", "--labels", "lh_gain", "--soft")
+
+
+def test_stats_on_a_folder_of_both_methods_shows_both(pb, tmp_path):
+    folder = tmp_path / "both"
+    folder.mkdir()
+    label(pb, folder / "a.parquet")
+    label(pb, folder / "b.parquet", "--method", "implicit-prm", "--reference-model", "scripted:flat")
+    out = run("stats", folder).stdout
+    assert "lh_value and lh_gain" in out and "lh_reward and lh_q" in out and "answer-gain + implicit-prm" in out
+    m = read_manifest(folder / "b.parquet")
+    assert m["run"]["tokens_this_run"] == m["counts"]["scored_tokens"]  # both models' tokens

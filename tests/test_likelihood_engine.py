@@ -85,3 +85,15 @@ def test_openai_server_gives_the_same_values(pb, offline, tmp_path):
         assert x["lh_scored_tokens"] == y["lh_scored_tokens"] and x["lh_answer_tokens"] == y["lh_answer_tokens"]
     print(f"\nlargest |vllm - openai| over {sum(len(x['lh_value']) + 1 for x in a)} values: {worst:.2e} nats")
     assert worst <= 1e-3
+
+
+def test_implicit_prm_with_the_model_as_its_own_reference(pb, tmp_path):
+    """Policy and reference are the same model, loaded one after the other: every step's log-ratio is 0, so
+    both passes scored the same tokens at the same positions."""
+    out = tmp_path / "ip.parquet"
+    run("likelihood-label", pb, out, "--model", "smollm2-135m", "--method", "implicit-prm", "--reference-model",
+        "smollm2-135m", "--no-progress")
+    rows = pq.read_table(out).to_pylist()
+    for r in rows:
+        assert r["lh_status"] == "ok" and len(r["lh_reward"]) == len(r["steps"])
+        assert max(abs(x) for x in r["lh_reward"]) <= 1e-3 and max(abs(x) for x in r["lh_q"]) <= 1e-2

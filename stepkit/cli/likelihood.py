@@ -35,6 +35,12 @@ def command(inp, out, **kw):
     from stepkit.stages.likelihood import LikelihoodStage
 
     cfg = from_params(LikelihoodConfig, kw)
+    if cfg.calibrate:
+        from pathlib import Path
+
+        cal, target = Path(cfg.calibrate).resolve(), Path(out).resolve()
+        if cal == target or cal.is_relative_to(target):
+            raise click.UsageError(f"--calibrate {cfg.calibrate} is (inside) OUT: calibrate on another labelled shard")
     stage = LikelihoodStage(cfg, engine_spec(kw), SamplingConfig(temperature=0, max_tokens=1, seed=kw["seed"]))
     run(stage, inp, out, kw, "likelihood-label")
 
@@ -51,21 +57,24 @@ def _tables(rows, console, figs, shards):
     """likelihood-label's part of ``stats``: signal by step position, first errors, cost."""
     status = Counter(r.get("lh_status") for r in rows)
     figs["lh_status"] = dict(status)
-    implicit = any(r.get("lh_q") for r in rows)
-    cols = ("lh_reward", "lh_q") if implicit else ("lh_value", "lh_gain")
-    by_pos: dict[int, list[tuple[float, float]]] = {}
-    for r in rows:
-        for s, pair in enumerate(zip(r.get(cols[0]) or [], r.get(cols[1]) or [])):
-            by_pos.setdefault(s, []).append(pair)
-    t = Table(title=f"{cols[0]} and {cols[1]} by step position (nats)")
-    for c in ("step", "n", f"mean {cols[0]}", f"mean {cols[1]}", f"share {cols[1]} < 0"):
-        t.add_column(c, justify="right")
-    for s in sorted(by_pos):
-        a, b = zip(*by_pos[s])
-        t.add_row(str(s), str(len(a)), _fmt(_mean(a)), _fmt(_mean(b)), f"{sum(x < 0 for x in b) / len(b):.2f}")
-    console.print(t)
+    for cols in (("lh_value", "lh_gain"), ("lh_reward", "lh_q")):  # answer-gain, implicit-prm (a folder may mix)
+        by_pos: dict[int, list[tuple[float, float]]] = {}
+        for r in rows:
+            for s, pair in enumerate(zip(r.get(cols[0]) or [], r.get(cols[1]) or [])):
+                by_pos.setdefault(s, []).append(pair)
+        if not by_pos:
+            continue
+        t = Table(title=f"{cols[0]} and {cols[1]} by step position (nats)")
+        for c in ("step", "n", f"mean {cols[0]}", f"mean {cols[1]}", f"share {cols[1]} < 0"):
+            t.add_column(c, justify="right")
+        for s in sorted(by_pos):
+            a, b = zip(*by_pos[s])
+            t.add_row(str(s), str(len(a)), _fmt(_mean(a)), _fmt(_mean(b)), f"{sum(x < 0 for x in b) / len(b):.2f}")
+        console.print(t)
     fe = Counter(r.get("lh_first_error") for r in rows if r.get("lh_status") == "ok")
     figs["lh_first_error_histogram"] = {str(k): v for k, v in fe.items()}
+    methods = sorted({m for m in (("implicit-prm" if r.get("lh_q") else "answer-gain") for r in rows
+                                  if r.get("lh_status") == "ok")})
     h = Table(title="first error (lh_first_error)")
     h.add_column("step")
     h.add_column("rows", justify="right")
@@ -79,6 +88,7 @@ def _tables(rows, console, figs, shards):
     run_tokens = sum((m.get("run") or {}).get("tokens_this_run", 0) for m in manifests)
     s = Table(title="likelihood labelling", show_header=False)
     s.add_row("status", ", ".join(f"{k}: {v}" for k, v in status.items()))
+    s.add_row("method", " + ".join(methods) or "-")
     thresholds = sorted({m.get("config", {}).get("threshold") for m in manifests} - {None})
     if thresholds:
         s.add_row("threshold (nats)", ", ".join(f"{x:.4g}" for x in thresholds))

@@ -154,7 +154,7 @@ class Scored:
         return [math.fsum(lp) for lp in self.logprobs]
 
 
-def assign_tokens(offsets: list[tuple[int, int]], spans) -> list[list[int]]:
+def assign_tokens(offsets: list[tuple[int, int]], spans, text: str | None = None) -> list[list[int]]:
     """Which tokens of a text belong to each target span, from the tokens' character offsets.
 
     Rule: a token belongs to the *last* span it overlaps (``start < span_end`` and ``end > span_start``;
@@ -166,13 +166,16 @@ def assign_tokens(offsets: list[tuple[int, int]], spans) -> list[list[int]]:
     Args:
         offsets: ``(start, end)`` character offsets of the text's tokens, in order.
         spans: ``(start, end)`` character spans, in order, not overlapping.
+        text: the text; when given, characters no token's offsets cover may be whitespace (tokenizers that
+            trim offsets leave a token's leading space out of them).
 
     Returns:
         ``out[k]``: the token positions of span ``k`` (ascending).
 
     Raises:
-        StepkitError: a span's characters are not all covered by tokens (the offsets do not describe the
-            text), or a span gets no token (the next span took its only one).
+        StepkitError: a span's characters (other than whitespace when ``text`` is given) are not all covered
+            by tokens (the offsets do not describe the text), or a span gets no token (the next span took
+            its only one).
     """
     out: list[list[int]] = [[] for _ in spans]
     k = 0
@@ -188,18 +191,23 @@ def assign_tokens(offsets: list[tuple[int, int]], spans) -> list[list[int]]:
             out[owner].append(j)
         while k < len(spans) and spans[k][1] <= s:
             k += 1
+
+    def gap_ok(lo: int, hi: int) -> bool:
+        return lo >= hi or (text is not None and text[lo:hi].isspace())
+
     for (a, b), positions in zip(spans, out):
         if not positions:
-            raise StepkitError(f"no token belongs to the target span ({a}, {b}): the next span took its only token")
-        covered = offsets[positions[0]][0]  # the span's characters must all lie in tokens (any span's)
-        j = positions[0]
+            raise StepkitError(f"no token belongs to the target span ({a}, {b}): a token that spans it and "
+                               f"what follows belongs to the next span")
+        start = offsets[positions[0]][0]
+        covered, j = max(start, a), positions[0]  # the span's characters must all lie in tokens (any span's)
         while covered < b and j < len(offsets):
             s, e = offsets[j]
-            if s > covered:
+            if s > covered and not gap_ok(covered, min(s, b)):
                 break
             covered = max(covered, e)
             j += 1
-        if offsets[positions[0]][0] > a or covered < b:
+        if not gap_ok(a, start) or (covered < b and not gap_ok(covered, b)):
             raise StepkitError(f"the tokens' character offsets do not cover the target span ({a}, {b})")
     return out
 
@@ -316,7 +324,8 @@ class Engine:
 
         Returns:
             ``results[i]`` answers ``requests[i]``: a :class:`Scored`, or ``Scored.failed(why)`` for a
-            text the engine cannot take (longer than the context, rejected by the server).
+            text the engine cannot take (longer than the context, rejected by the server) or whose spans its
+            tokens do not fit (a span whose only token also covers the next span).
 
         Raises:
             StepkitError: the backend's reply does not fit the tokens (a wrong length, a missing entry);
@@ -328,10 +337,19 @@ class Engine:
         if not requests:
             return []
         tokenised = [self.tokenize_offsets(r.text) for r in requests]
-        owners = [assign_tokens(offsets, r.spans) for r, (_, offsets) in zip(requests, tokenised)]
-        per_position = self._prompt_logprobs([r.text for r in requests], [ids for ids, _ in tokenised])
-        if len(per_position) != len(requests):
-            raise StepkitError(f"{self.name} engine scored {len(per_position)} texts of {len(requests)}")
+        owners: list[list[list[int]] | str] = []
+        for r, (_, offsets) in zip(requests, tokenised):
+            try:
+                owners.append(assign_tokens(offsets, r.spans, r.text))
+            except StepkitError as exc:  # this text cannot be scored as asked; the others can
+                owners.append(str(exc))
+        todo = [i for i, o in enumerate(owners) if not isinstance(o, str)]
+        got = self._prompt_logprobs([requests[i].text for i in todo], [tokenised[i][0] for i in todo])
+        if len(got) != len(todo):
+            raise StepkitError(f"{self.name} engine scored {len(got)} texts of {len(todo)}")
+        per_position: list = list(owners)
+        for i, lps in zip(todo, got):
+            per_position[i] = lps
         out = []
         for (ids, _), positions, lps in zip(tokenised, owners, per_position):
             if isinstance(lps, str):

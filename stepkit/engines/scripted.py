@@ -7,8 +7,8 @@ answer correctly. Every stage is also tested against the real vLLM engine.
 
 From the CLI, ``--engine scripted --model scripted:echo`` answers "The answer is <last number in the
 prompt>" (deterministic, fast); ``scripted:judge`` answers judge prompts (:func:`judge_policy`); ``scripted:clues`` answers the clue
-recovery and clue verification prompts of ``stepkit clue`` (:func:`clues_policy`); ``STEPKIT_SCRIPTED_DELAY`` (seconds per request) slows it down so tests
-can kill a run mid-shard.
+recovery and clue verification prompts of ``stepkit clue`` (:func:`clues_policy`); ``STEPKIT_SCRIPTED_DELAY`` (seconds per request or scored text) slows it
+down so tests can kill a run mid-shard.
 
 Scoring (:meth:`ScriptedEngine.score`): the text is split into tokens by :func:`scripted_tokens` (a word
 with its leading space, a run of punctuation, a run of whitespace) and a *scorer*
@@ -177,6 +177,8 @@ class ScriptedEngine(Engine):
     def _prompt_logprobs(self, texts: list[str], token_ids: list[list[int]]) -> list[list[float | None] | str]:
         out: list[list[float | None] | str] = []
         for text, ids in zip(texts, token_ids):
+            if self.delay:
+                time.sleep(self.delay)
             self.scored.append(text)
             if self.max_len is not None and len(ids) > self.max_len:
                 out.append(f"prompt too long: {len(ids)} tokens, max_model_len {self.max_len}")

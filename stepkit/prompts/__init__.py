@@ -25,6 +25,14 @@ from stepkit.shards import config_hash
 _SLOT = re.compile(r"\{(\w+)\}")
 
 
+def _one_line(e: Exception) -> str:
+    """An exception's message on one line (PyYAML's span several, with a caret under the fault)."""
+    mark = getattr(e, "problem_mark", None)
+    if getattr(e, "problem", None) and mark is not None:
+        return f"{e.problem} at line {mark.line + 1}, column {mark.column + 1}"
+    return " ".join(str(e).split())
+
+
 def fill(text: str, values: dict[str, str]) -> str:
     """Replace each ``{name}`` slot of ``text`` whose name is in ``values``, in one pass.
 
@@ -99,7 +107,7 @@ def load_template(path: str | Path) -> PromptTemplate:
     try:
         doc = yaml.safe_load(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
-        raise ConfigError(f"{path}: not a readable YAML template ({e})") from None
+        raise ConfigError(f"{path}: not a readable YAML template ({_one_line(e)})") from None
     except (ValueError, RecursionError) as e:  # an integer over Python's digit limit, nesting too deep
         raise ConfigError(f"{path}: not a readable YAML template ({parse_failure(e)})") from None
     if not isinstance(doc, dict):
@@ -219,7 +227,7 @@ def load_answer_scaffold(path: str | Path | None = None) -> AnswerScaffold:
     try:
         doc = yaml.safe_load(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
-        raise ConfigError(f"{path}: not a readable YAML template ({e})") from None
+        raise ConfigError(f"{path}: not a readable YAML template ({_one_line(e)})") from None
     except (ValueError, RecursionError) as e:
         raise ConfigError(f"{path}: not a readable YAML template ({parse_failure(e)})") from None
     keys = ("version", "user", "answer_prefix", "answer")

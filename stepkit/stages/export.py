@@ -50,7 +50,7 @@ from stepkit import __version__
 from stepkit.errors import ConfigError, InputError, StepkitError
 from stepkit.grading.verdicts import first_error_of, labels_from_first_error
 from stepkit.options import Config, opt
-from stepkit.schema import check_columns
+from stepkit.schema import LOG_SCALE_COLUMNS, check_columns
 from stepkit.shards import (
     file_sha256,
     iter_row_chunks,
@@ -153,7 +153,7 @@ def _check_row(row: dict, path: Path, i: int, fmt: str, seen: set) -> None:
             raise InputError(path, f"step {k} is null or blank", row=i, column="steps")
 
 
-def _label_kind(schema: pa.Schema, path: Path, col: str) -> str:
+def _label_kind(schema: pa.Schema, path: Path, col: str, soft: bool = False) -> str:
     if col not in schema.names:
         raise InputError(path, f"missing --labels column (has: {', '.join(schema.names)})", column=col)
     t = schema.field(col).type
@@ -163,6 +163,10 @@ def _label_kind(schema: pa.Schema, path: Path, col: str) -> str:
         if pa.types.is_boolean(t.value_type):
             return "bool"
         if pa.types.is_floating(t.value_type):
+            if col in LOG_SCALE_COLUMNS and not soft:
+                raise InputError(path, "holds log-probabilities (nats), not values in [0, 1]: hard labels from it "
+                                       "need likelihood-label's first-error rule; use --labels lh_label (or "
+                                       "lh_first_error), or --soft to export the values", column=col)
             return "float"
     raise InputError(path, f"--labels needs step labels (list<bool>), step values (list<float>) or a first-error "
                            f"index (int), found {t}", column=col)
@@ -196,7 +200,7 @@ class Converter:
                 raise InputError(path, f"expected a string, found {schema.field('prompt').type}", column="prompt")
             return
         check_columns(schema, REQUIRED[self.cfg.format], path)  # steps list<string>, id string, outcome bool
-        kind = _label_kind(schema, path, self.cfg.labels)
+        kind = _label_kind(schema, path, self.cfg.labels, self.cfg.soft)
         if self.cfg.soft and kind != "float":
             raise InputError(path, f"--soft needs step values (list<float>), found "
                                    f"{schema.field(self.cfg.labels).type}", column=self.cfg.labels)

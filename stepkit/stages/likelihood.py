@@ -43,6 +43,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+import pyarrow as pa
+
 from stepkit.engines.base import EngineSpec, SamplingConfig, ScoreRequest
 from stepkit.errors import ConfigError, InputError, RowError
 from stepkit.grading.verdicts import labels_from_first_error
@@ -69,8 +71,8 @@ class LikelihoodConfig(Config):
     """Options of ``likelihood-label``.
 
     Raises:
-        ConfigError: implicit-prm without ``--reference-model`` (or answer-gain with one), ``--threshold``
-            together with ``--calibrate``.
+        ConfigError: implicit-prm without ``--reference-model`` (or answer-gain with one or with ``--beta``),
+            ``--threshold`` together with ``--calibrate``, ``--calibrate-col`` without ``--calibrate``.
     """
 
     method: str = opt("answer-gain", "answer-gain: log-prob of the reference answer after each prefix, and its "
@@ -96,6 +98,10 @@ class LikelihoodConfig(Config):
             raise ConfigError("--reference-model is for --method implicit-prm")
         if self.threshold is not None and self.calibrate:
             raise ConfigError("give --threshold or --calibrate, not both")
+        if self.method != "implicit-prm" and self.beta != 1.0:
+            raise ConfigError("--beta is for --method implicit-prm")
+        if not self.calibrate and self.calibrate_col != "reference_first_error":
+            raise ConfigError("--calibrate-col is for --calibrate")
 
 
 def first_error(signal: list[float], fallback: list[float], outcome_correct: bool | None, threshold: float) -> int:
@@ -167,7 +173,7 @@ def _read_calibration(path: str, cfg: "LikelihoodConfig", identity: dict[str, An
     p = resolve_path(path)
     schema = open_parquet(p).schema_arrow
     sig_col, fb_col = _SIGNAL[cfg.method]
-    for col in (sig_col, fb_col, "lh_status", cfg.calibrate_col):
+    for col in ("steps", sig_col, fb_col, "lh_status", cfg.calibrate_col):
         if col not in schema.names:
             hint = " (run likelihood-label on it first)" if col.startswith("lh_") else ""
             raise InputError(p, f"missing column{hint}", column=col)
@@ -175,13 +181,58 @@ def _read_calibration(path: str, cfg: "LikelihoodConfig", identity: dict[str, An
     theirs = (manifest.get("config") or {}) if manifest.get("stage") == "likelihood-label" else None
     if theirs is None:
         raise InputError(p, "not a likelihood-label output (its manifest is missing or of another stage)")
+    def unseeded(doc):  # scoring samples nothing: the seed does not change a value
+        return {k: v for k, v in doc.items() if k != "seed"} if isinstance(doc, dict) else doc
+
     for key in ("method", "engine", "answer_scaffold", "beta", "reference_model"):
-        if key in identity and theirs.get(key) != identity[key]:
+        if key in identity and unseeded(theirs.get(key)) != unseeded(identity[key]):
             raise InputError(p, f"labelled with another {key} ({theirs.get(key)!r}; this run: {identity[key]!r}): "
                              f"calibrate on a shard labelled like this run")
-    rows = read_rows(p, ["id", sig_col, fb_col, "lh_status", "outcome_correct", cfg.calibrate_col])
+    for col, want in ((sig_col, "list<float>"), (fb_col, "list<float>"), (cfg.calibrate_col, "int")):
+        t = schema.field(col).type
+        ok = pa.types.is_integer(t) if want == "int" else (
+            (pa.types.is_list(t) or pa.types.is_large_list(t)) and pa.types.is_floating(t.value_type))
+        if not ok:
+            raise InputError(p, f"expected {want}, found {t}", column=col)
+    rows = read_rows(p, ["id", "steps", sig_col, fb_col, "lh_status", "outcome_correct", cfg.calibrate_col])
+    for i, r in enumerate(rows):
+        if r.get("lh_status") != "ok":
+            continue
+        n = len(r.get("steps") or [])
+        for col in (sig_col, fb_col):
+            values = r.get(col)
+            if values is None or len(values) != n or any(v is None or not math.isfinite(v) for v in values):
+                raise InputError(p, f"a row with lh_status ok needs {n} finite values", row=i, column=col)
+        gold = r.get(cfg.calibrate_col)
+        if gold is not None and not -1 <= gold < n:
+            raise InputError(p, f"first error {gold} outside -1..{n - 1}", row=i, column=cfg.calibrate_col)
     result = calibrate_threshold(rows, cfg.method, cfg.calibrate_col)
     return {**result, "shard": str(p), "sha256": file_sha256(p), "column": cfg.calibrate_col}
+
+
+def check_model(spec: EngineSpec, flag: str) -> None:
+    """Refuse a model the engine cannot have, before any model loads: a scripted name that does not exist,
+    a scripted name with another engine, or (vllm) neither a registry name nor a model folder.
+
+    Raises:
+        ConfigError: naming ``flag``.
+    """
+    if spec.factory is not None:
+        return
+    if spec.model.startswith("scripted") != (spec.name == "scripted"):
+        raise ConfigError(f"{flag} {spec.model}: the scripted stand-ins go with --engine scripted, and only they")
+    if spec.name == "scripted":
+        from stepkit.engines.scripted import ScriptedEngine
+
+        ScriptedEngine.from_spec(spec.model)
+    elif spec.name == "vllm":
+        from pathlib import Path
+
+        from stepkit.models import REGISTRY
+
+        if spec.model not in REGISTRY and not (Path(spec.model).expanduser() / "config.json").is_file():
+            raise ConfigError(f"{flag} {spec.model}: not a bundled model name ({', '.join(sorted(REGISTRY))}) "
+                              f"or a local model folder")
 
 
 class LikelihoodStage(LabelerStage):
@@ -213,12 +264,15 @@ class LikelihoodStage(LabelerStage):
         if cfg.method == "implicit-prm":
             self.reference_spec = reference or EngineSpec(engine.name, cfg.reference_model, engine.seed,
                                                           dict(engine.options))
+            check_model(self.reference_spec, "--reference-model")
             self.default_chunk_size = 1024  # each chunk swaps the two models once
+            self.required_columns = tuple(c for c in self.required_columns if c != "reference_answer")
         self.calibration = _read_calibration(cfg.calibrate, cfg, self._method_identity()) if cfg.calibrate else None
         self.threshold = (self.calibration["threshold"] if self.calibration else
                           cfg.threshold if cfg.threshold is not None else DEFAULT_THRESHOLD[cfg.method])
         self._loaded: dict[str, Any] = {}  # implicit-prm: the one engine loaded now ("policy" or "reference")
         self._described: dict[str, Any] = {}
+        self._scored_before = 0  # prompt tokens scored by engines closed since (implicit-prm swaps them)
 
     # -- runner interface -------------------------------------------------------------------------
     def _method_identity(self) -> dict[str, Any]:
@@ -231,6 +285,8 @@ class LikelihoodStage(LabelerStage):
     def config(self) -> dict[str, Any]:
         doc = {**super().config(), **self._method_identity(), "threshold": self.threshold}
         doc.pop("sampling", None)  # nothing is sampled
+        if self.reference_spec is None:
+            doc.pop("beta", None)  # implicit-prm's
         if self.calibration:
             doc["calibration"] = {"sha256": self.calibration["sha256"], "column": self.calibration["column"]}
         return doc
@@ -266,13 +322,16 @@ class LikelihoodStage(LabelerStage):
         if self.calibration:
             doc["calibration"] = self.calibration
         if self.reference_spec is not None:
-            doc["reference_engine"] = self._described.get("reference")
-            doc["engine"] = self._described.get("policy")
+            for key, which, spec in (("engine", "policy", self.engine_spec), ("reference_engine", "reference",
+                                                                              self.reference_spec)):
+                doc[key] = self._described.get(which) or {
+                    **spec.identity(), "note": "not loaded in this run: every chunk was resumed"}
         return doc
 
     def tokens_generated(self) -> int:
+        """Prompt tokens scored so far (both models' for implicit-prm)."""
         engines = [self.engine] if self.engine else list(self._loaded.values())
-        return sum(e.stats.scored_tokens for e in engines)
+        return self._scored_before + sum(e.stats.scored_tokens for e in engines)
 
     # -- the method ---------------------------------------------------------------------------------
     def process(self, rows: list[dict]) -> tuple[list[dict], dict[str, int]]:
@@ -370,7 +429,9 @@ class LikelihoodStage(LabelerStage):
         """The ``policy`` or ``reference`` engine, loaded after the other is closed (never both at once)."""
         if which not in self._loaded:
             for other in list(self._loaded):
-                self._loaded.pop(other).close()
+                closing = self._loaded.pop(other)
+                self._scored_before += closing.stats.scored_tokens
+                closing.close()
             spec = self.engine_spec if which == "policy" else self.reference_spec
             self._loaded[which] = spec.build()
             self._described = {**self._described, which: self._loaded[which].describe()}
