@@ -56,7 +56,7 @@ def test_filter_rules_refuse_silent_drops(tmp_path):
     filt(inp, tmp_path / "v.parquet", "min-value:mc_value>=0.5")  # NaN is null wherever it sits
     assert len(pq.read_table(tmp_path / "v.parquet")) == 2
     inp = write(tmp_path / "in4.parquet", rows)
-    with pytest.raises(ConfigError, match="no row has mc_status okk .*a typo would drop every row"):
+    with pytest.raises(ConfigError, match="no input row has mc_status okk .*a typo would drop every row"):
         filt(inp, tmp_path / "s.parquet", "status:mc_status=okk")
     filt(inp, tmp_path / "b.parquet", "status:outcome_correct=true")  # typed: true reads as a bool
     assert len(pq.read_table(tmp_path / "b.parquet")) == sum(r["outcome_correct"] for r in rows)
@@ -171,3 +171,24 @@ def test_retry_after_is_capped_and_other_upload_errors_are_one_line(monkeypatch,
         pub.with_retries(lambda: (_ for _ in ()).throw(RuntimeError("Error while uploading x")), "the thing",
                          PublishConfig(dry_run=True), "http://hub")
 
+
+
+def test_status_typo_check_is_over_the_whole_folder(tmp_path):
+    """A shard with no row of the value is no typo when another shard of the folder has it."""
+    rows = labelled(4)
+    for r in rows[:2]:
+        r["mc_status"] = "ok"
+    for r in rows[2:]:
+        r["mc_status"] = "no_signal"
+    folder = tmp_path / "in"
+    folder.mkdir()
+    write(folder / "a.parquet", rows[:2])
+    write(folder / "b.parquet", rows[2:])
+    out = tmp_path / "out"
+    run_stage(FilterStage(FilterConfig(rule=("status:mc_status=no_signal",), flag_only=True)), folder, out,
+              progress=False)
+    flags = [r["filter_reason"] for p in sorted(out.glob("*.parquet")) for r in pq.read_table(p).to_pylist()]
+    assert flags == ["status", "status", None, None]
+    with pytest.raises(ConfigError, match="no input row has mc_status okk"):
+        run_stage(FilterStage(FilterConfig(rule=("status:mc_status=okk",), flag_only=True)), folder,
+                  tmp_path / "out2", progress=False)

@@ -223,6 +223,16 @@ class Status(Rule):
     def __init__(self, text, col, negate, values):
         self.text, self.columns, self.negate, self.raw = text, (col,), negate, [v for v in values]
         self.values: set = set(values)
+        # set while the runner plans (every shard of the run is validated first): does any input row, in any
+        # shard, have one of the values? A folder where one shard lacks a value is no typo.
+        self.seen: bool | None = None
+        self.present: set[str] = set()
+
+    def observe(self, rows) -> None:
+        """Record, while planning, whether the input rows hold one of the values (see :meth:`decide`)."""
+        col = self.columns[0]
+        self.seen = bool(self.seen) or any(r.get(col) in self.values for r in rows)
+        self.present |= {str(r.get(col)) for r in rows}
 
     def check_schema(self, schema, path):
         super().check_schema(schema, path)
@@ -243,9 +253,10 @@ class Status(Rule):
 
     def decide(self, rows, cfg):
         col = self.columns[0]
-        if not self.negate and rows and not any(r.get(col) in self.values for r in rows):
-            present = sorted({str(r.get(col)) for r in rows})[:10]
-            raise ConfigError(f"--rule {self.text!r}: no row has {col} {' or '.join(self.raw)} (present: "
+        seen = self.seen if self.seen is not None else any(r.get(col) in self.values for r in rows)
+        if not self.negate and rows and not seen:
+            present = sorted(self.present or {str(r.get(col)) for r in rows})[:10]
+            raise ConfigError(f"--rule {self.text!r}: no input row has {col} {' or '.join(self.raw)} (present: "
                               f"{', '.join(present)}); a typo would drop every row")
         return [KEEP if ((r.get(col) in self.values) != self.negate) else ("drop", "status") for r in rows]
 
@@ -397,7 +408,8 @@ class FilterStage(Stage):
         self.cfg = cfg
         self.rules = [parse_rule(r) for r in cfg.rule]
         self.required_columns = ("prompt", "steps")  # each rule checks its own columns (naming the rule)
-        self.optional_columns = tuple(sorted(PER_STEP_COLUMNS | set(cfg.step_column) | {"filter_reason"}))
+        status_cols = {r.columns[0] for r in self.rules if isinstance(r, Status)}  # observed while planning
+        self.optional_columns = tuple(sorted(PER_STEP_COLUMNS | set(cfg.step_column) | {"filter_reason"} | status_cols))
 
     def output_schema(self, input_schema):
         return extend_schema(input_schema, FILTER_FIELDS)
@@ -416,7 +428,11 @@ class FilterStage(Stage):
             rule.check_schema(schema, path)
 
     def validate(self, rows, path, first_row):
-        """Every per-step column of a row has one entry per step (null cells are allowed)."""
+        """Every per-step column of a row has one entry per step (null cells are allowed); status rules
+        note which values the input holds, over every shard of the run."""
+        for rule in self.rules:
+            if isinstance(rule, Status):
+                rule.observe(rows)
         for i, r in enumerate(rows):
             if not r.get("steps"):
                 raise InputError(path, "null or empty steps", row=first_row + i, column="steps")
