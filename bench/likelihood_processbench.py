@@ -6,7 +6,7 @@ Pipeline (all through the CLI):
 2. gsm8k split by the parity of sha256(id) (the same stated split as ``bench/clue_processbench.py``): the
    *tune* half is labelled with the default threshold, the threshold is calibrated on it
    (``--calibrate``), and the *held-out* half is labelled with that threshold; its F1 is the figure to quote;
-3. cost: on the first ``--cost-rows`` held-out rows, ``likelihood-label`` against ``mc-label -k 4
+3. cost (run first): on the first ``--cost-rows`` held-out rows, ``likelihood-label`` against ``mc-label -k 4
    --max-tokens 192`` (the demo's settings), one after the other in this run; prompt tokens scored per
    second next to generated tokens per second;
 4. math: ``--math-rows`` rows with a gold answer (seeded sample), with the threshold from gsm8k.
@@ -83,23 +83,11 @@ def main(argv=None) -> dict:
         halves[half] = work / f"gsm8k-{half}.parquet"
         pq.write_table(part, halves[half])
 
-    tune_out, held_out = work / "lh-tune.parquet", work / "lh-heldout.parquet"
-    secs_tune = cli("likelihood-label", halves["tune"], tune_out, *common)
-    secs_held = cli("likelihood-label", halves["heldout"], held_out, *common, "--calibrate", tune_out)
-    cal = manifest(held_out)["provenance"]["calibration"]
-    report["gsm8k"] = {"split": "sha256(id) parity", "threshold": cal["threshold"],
-                       "tune": {**f1_of(tune_out, "gsm8k"), "f1_calibrated": cal["f1"], "seconds": round(secs_tune, 1)},
-                       "heldout": {**f1_of(held_out, "gsm8k"), "seconds": round(secs_held, 1)}}
-    h = report["gsm8k"]["heldout"]
-    print(f"gsm8k threshold {cal['threshold']:.4f} (tune F1 {100 * cal['f1']:.1f}); held-out F1 "
-          f"{100 * h['f1']:.1f} (acc erroneous {100 * h['acc_erroneous']:.1f}, correct {100 * h['acc_correct']:.1f}, "
-          f"missing {h['missing']} of {h['rows']})", flush=True)
-
-    # cost: the same rows through both labellers, one after the other
+    # cost first (on a quiet machine): the same rows through both labellers, one after the other
     cost_in = work / "cost-rows.parquet"
     pq.write_table(pq.read_table(halves["heldout"]).slice(0, a.cost_rows), cost_in)
     lh_cost, mc_cost = work / "cost-lh.parquet", work / "cost-mc.parquet"
-    secs_lh = cli("likelihood-label", cost_in, lh_cost, *common, "--threshold", cal["threshold"])
+    secs_lh = cli("likelihood-label", cost_in, lh_cost, *common)
     secs_mc = cli("mc-label", cost_in, mc_cost, *common, "--continuations", "4", "--max-tokens", "192")
     lh_m, mc_m = manifest(lh_cost), manifest(mc_cost)
     scored = lh_m["run"]["tokens_this_run"]
@@ -112,12 +100,25 @@ def main(argv=None) -> dict:
         "likelihood_prompt_tokens_per_s": round(scored / lh_m["run"]["seconds_this_run"], 1),
         "mc_label_generated_tokens": generated,
         "mc_label_generated_tokens_per_s": round(generated / mc_m["run"]["seconds_this_run"], 1),
-        "likelihood_f1": f1_of(lh_cost, "gsm8k")["f1"], "mc_label_f1": f1_of_mc(mc_cost),
+        "likelihood_f1_default_threshold": f1_of(lh_cost, "gsm8k")["f1"], "mc_label_f1": f1_of_mc(mc_cost),
     }
     c = report["cost"]
     print(f"cost on {c['rows']} rows: likelihood-label {c['likelihood_seconds']} s vs mc-label K=4 "
           f"{c['mc_label_k4_seconds']} s (ratio {c['ratio']}); {c['likelihood_prompt_tokens_per_s']} prompt tok/s "
           f"scored vs {c['mc_label_generated_tokens_per_s']} generated tok/s", flush=True)
+
+    tune_out, held_out = work / "lh-tune.parquet", work / "lh-heldout.parquet"
+    secs_tune = cli("likelihood-label", halves["tune"], tune_out, *common)
+    secs_held = cli("likelihood-label", halves["heldout"], held_out, *common, "--calibrate", tune_out)
+    cal = manifest(held_out)["provenance"]["calibration"]
+    report["gsm8k"] = {"split": "sha256(id) parity", "threshold": cal["threshold"],
+                       "tune": {**f1_of(tune_out, "gsm8k"), "f1_calibrated": cal["f1"], "seconds": round(secs_tune, 1)},
+                       "heldout": {**f1_of(held_out, "gsm8k"), "seconds": round(secs_held, 1)}}
+    h = report["gsm8k"]["heldout"]
+    h["baselines"] = baselines(held_out)
+    print(f"gsm8k threshold {cal['threshold']:.4f} (tune F1 {100 * cal['f1']:.1f}); held-out F1 "
+          f"{100 * h['f1']:.1f} (acc erroneous {100 * h['acc_erroneous']:.1f}, correct {100 * h['acc_correct']:.1f}, "
+          f"missing {h['missing']} of {h['rows']})", flush=True)
 
     # math: rows with a gold answer, threshold from gsm8k
     if a.math_rows:
@@ -139,6 +140,25 @@ def main(argv=None) -> dict:
     if a.json:
         Path(a.json).write_text(json.dumps(report, indent=2))
     return report
+
+
+def baselines(path: Path) -> dict:
+    """F1 of rules that use the outcome alone, for comparison: an incorrect row's error at step 0, at its last
+    step, or at a random step (mean over 200 seeds)."""
+    import random
+    import statistics
+
+    from stepkit.metrics import processbench_f1
+
+    rows = pq.read_table(path).to_pylist()
+    gold = [r["reference_first_error"] for r in rows]
+
+    def f1(pick):
+        return processbench_f1(gold, [-1 if r["outcome_correct"] else pick(r) for r in rows])["f1"]
+
+    rand = [f1(lambda r, g=random.Random(seed): g.randrange(len(r["steps"]))) for seed in range(200)]
+    return {"outcome_step0": f1(lambda r: 0), "outcome_last_step": f1(lambda r: len(r["steps"]) - 1),
+            "outcome_random_step_mean": statistics.mean(rand), "outcome_random_step_max": max(rand)}
 
 
 def f1_of_mc(path: Path) -> float | None:

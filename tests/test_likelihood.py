@@ -211,8 +211,11 @@ def test_answer_gain_values_gains_and_first_error_exactly():
     # the scored text of prefix steps[:2]: chat + the steps joined and followed by the separator + scaffold
     chat = engine.render_chat([{"role": "user", "content": load_answer_scaffold().user.replace(
         "{problem}", wrong["prompt"])}])
-    assert engine.scored[2] == chat + "6 + 12 = 18.\noops, 18 - 1 = 17.\n" + "The answer is 18."
-    assert engine.scored[0] == chat + "The answer is 18."
+    assert chat + "6 + 12 = 18.\noops, 18 - 1 = 17.\n" + "The answer is 18." in engine.scored
+    assert chat + "The answer is 18." in engine.scored
+    # each row's text after all its steps is scored first (the others then read its prefix from a cache)
+    assert all(
+        t.endswith(x["steps"][-1] + "\n" + "The answer is 18.") for t, x in zip(engine.scored[:3], (w, r, f)))
 
 
 def test_the_closing_token_is_scored_so_1_is_not_12():

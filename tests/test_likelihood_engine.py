@@ -10,6 +10,7 @@ import math
 import pyarrow.parquet as pq
 import pytest
 
+from stepkit.shards import read_manifest
 from tests.conftest import DATA
 from tests.conftest import run_cli as run
 
@@ -39,7 +40,7 @@ def test_offline_vllm_labels_every_row(offline):
         assert len(r["lh_value"]) == len(r["lh_gain"]) == len(r["lh_label"]) == len(r["steps"])
         assert all(v < 0 for v in r["lh_value"]) and r["lh_value_start"] < 0  # log-probabilities
         assert r["lh_first_error"] is not None and r["lh_answer_tokens"] >= 2  # the answer and its "."
-    assert "likelihood-label" in p.stdout and "scored tokens" in p.stdout  # the summary table
+    assert "likelihood-label" in p.stderr and "cached tokens" in p.stderr  # the summary table
 
 
 def test_values_match_a_transformers_forward_pass(pb, offline):
@@ -97,3 +98,17 @@ def test_implicit_prm_with_the_model_as_its_own_reference(pb, tmp_path):
     for r in rows:
         assert r["lh_status"] == "ok" and len(r["lh_reward"]) == len(r["steps"])
         assert max(abs(x) for x in r["lh_reward"]) <= 1e-3 and max(abs(x) for x in r["lh_q"]) <= 1e-2
+
+
+def test_reading_the_prefix_cache_changes_no_value(pb, offline, tmp_path):
+    """The offline engine reads the prefix cache for scoring (only positions after the cached prefix are kept);
+    with prefix caching off every text is prefilled whole. The values agree to bf16 noise on these rows."""
+    out, _ = offline
+    plain = tmp_path / "plain.parquet"
+    run("likelihood-label", pb, plain, "--model", "smollm2-135m", "--no-prefix-caching", "--no-progress")
+    a, b = pq.read_table(out).to_pylist(), pq.read_table(plain).to_pylist()
+    assert read_manifest(out)["counts"]["cached_tokens"] > 0 == read_manifest(plain)["counts"]["cached_tokens"]
+    worst = max(abs(u - v) for x, y in zip(a, b)
+                for u, v in zip([x["lh_value_start"], *x["lh_value"]], [y["lh_value_start"], *y["lh_value"]]))
+    print(f"\nlargest |cached - uncached|: {worst:.2e} nats")
+    assert worst <= 1e-3

@@ -14,8 +14,10 @@ from stepkit.shards import read_manifest
 from stepkit.stages.likelihood import LikelihoodConfig
 from stepkit.views import StageView
 
-PREFIX_CACHE_NOTE = ("vLLM does not use the prefix cache for prompt-log-prob requests: a row of M steps costs "
-                     "about M + 1 full prefills of its length (answer-gain), 2 (implicit-prm)")
+PREFIX_CACHE_NOTE = ("vLLM skips the prefix cache for prompt-log-prob requests unless asked; the offline vllm "
+                     "engine reads it and scores each row's full text first, so a shorter prefix costs only its "
+                     "tail. Through --engine openai (a server's default) a row of M steps costs M + 1 full "
+                     "prefills (answer-gain)")
 
 
 @click.command("likelihood-label")
@@ -84,6 +86,7 @@ def _tables(rows, console, figs, shards):
     manifests = [m for m in map(read_manifest, shards) if m and m.get("stage") == "likelihood-label"]
     scored = sum(r.get("lh_scored_tokens") or 0 for r in rows)
     texts = sum((m.get("counts") or {}).get("texts", 0) for m in manifests)
+    cached = sum((m.get("counts") or {}).get("cached_tokens", 0) for m in manifests)
     seconds = sum((m.get("run") or {}).get("seconds_this_run", 0) for m in manifests)
     run_tokens = sum((m.get("run") or {}).get("tokens_this_run", 0) for m in manifests)
     s = Table(title="likelihood labelling", show_header=False)
@@ -97,6 +100,8 @@ def _tables(rows, console, figs, shards):
         if cal:
             s.add_row("calibrated on", f"{cal['shard']} ({cal['rows']} rows, F1 {100 * cal['f1']:.1f})")
     s.add_row("prompt tokens scored", str(scored))
+    if manifests:
+        s.add_row("of them read from the prefix cache", f"{cached} ({100 * cached / scored:.0f}%)" if scored else "0")
     if texts:
         s.add_row("texts scored (prefills)", str(texts))
     if seconds and run_tokens:

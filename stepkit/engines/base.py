@@ -212,7 +212,7 @@ def assign_tokens(offsets: list[tuple[int, int]], spans, text: str | None = None
     return out
 
 
-def actual_token_logprobs(prompt_logprobs, token_ids) -> list[float | None]:
+def actual_token_logprobs(prompt_logprobs, token_ids, start: int = 1) -> list[float | None]:
     """The log-probability of each *actual* prompt token from vLLM-style ``prompt_logprobs``.
 
     ``prompt_logprobs[i]`` is ``None`` at position 0 (nothing precedes it) and else a mapping from token id
@@ -220,17 +220,23 @@ def actual_token_logprobs(prompt_logprobs, token_ids) -> list[float | None]:
     the actual token when it is not among them (k or k+1 entries). The entry of ``token_ids[i]`` is read,
     never the first or most likely one (case ``vllm-prompt-logprobs-pick-actual-token``).
 
+    ``start``: the first position whose entry is read (positions before it are ``None``): a request that
+    read the prefix cache has no log-probabilities for the cached positions nor for the first one after.
+
     Returns:
-        one float (nats) per position, ``None`` at position 0.
+        one float (nats) per position, ``None`` at positions before ``start`` (always at 0).
 
     Raises:
-        StepkitError: lengths differ, or a position has no entry for its actual token (never replaced by
-            0.0 or skipped).
+        StepkitError: lengths differ, or a position from ``start`` on has no entry for its actual token (never
+            replaced by 0.0 or skipped).
     """
     if len(prompt_logprobs) != len(token_ids):
         raise StepkitError(f"prompt log-probs for {len(prompt_logprobs)} positions, but {len(token_ids)} tokens")
     out: list[float | None] = []
     for i, (entries, tid) in enumerate(zip(prompt_logprobs, token_ids)):
+        if i < start:
+            out.append(None)
+            continue
         if entries is None:
             if i:
                 raise StepkitError(f"no prompt log-prob at position {i}")
@@ -344,7 +350,8 @@ class Engine:
             except StepkitError as exc:  # this text cannot be scored as asked; the others can
                 owners.append(str(exc))
         todo = [i for i, o in enumerate(owners) if not isinstance(o, str)]
-        got = self._prompt_logprobs([requests[i].text for i in todo], [tokenised[i][0] for i in todo])
+        got = self._prompt_logprobs([requests[i].text for i in todo], [tokenised[i][0] for i in todo],
+                                    [min(p[0] for p in owners[i]) for i in todo])
         if len(got) != len(todo):
             raise StepkitError(f"{self.name} engine scored {len(got)} texts of {len(todo)}")
         per_position: list = list(owners)
@@ -360,6 +367,8 @@ class Engine:
             if any(0 in p for p in positions):
                 out.append(Scored.failed("a target starts the text: its first token has no log-probability"))
                 continue
+            if any(lps[j] is None for p in positions for j in p):  # pragma: no cover - a backend's bug
+                raise StepkitError(f"{self.name} engine returned no log-prob for a target token")
             self.stats.scored_tokens += len(ids)
             out.append(Scored(tuple(tuple(lps[j] for j in p) for p in positions),
                               tuple(tuple(ids[j] for j in p) for p in positions), tuple(ids)))
@@ -371,9 +380,12 @@ class Engine:
         ``return_offsets_mapping``)."""
         raise NotImplementedError(f"the {self.name} engine cannot score text")
 
-    def _prompt_logprobs(self, texts: list[str], token_ids: list[list[int]]) -> list[list[float | None] | str]:
-        """Backend hook of :meth:`score`: for each text and its token ids (from :meth:`tokenize_offsets`), the actual token's log-probability at every
-        position (``None`` at 0), or an error message for a text it cannot take. Batched like generation."""
+    def _prompt_logprobs(self, texts: list[str], token_ids: list[list[int]],
+                         needed_from: list[int]) -> list[list[float | None] | str]:
+        """Backend hook of :meth:`score`: for each text and its token ids (from :meth:`tokenize_offsets`),
+        the actual token's log-probability at every position from ``needed_from[i]`` on (its first target
+        token; earlier positions may be ``None``, position 0 always is), or an error message for a text it
+        cannot take. Batched like generation."""
         raise NotImplementedError(f"the {self.name} engine cannot score text")
 
     def render_chat(self, messages: list[dict[str, str]]) -> str:

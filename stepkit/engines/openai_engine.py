@@ -738,7 +738,8 @@ class OpenAIEngine(Engine):
                                   f"server's model {self.model}: give --tokenizer for the served model")
         return ids, offsets
 
-    def _prompt_logprobs(self, texts: list[str], token_ids: list[list[int]]) -> list[list[float | None] | str]:
+    def _prompt_logprobs(self, texts: list[str], token_ids: list[list[int]],
+                         needed_from: list[int]) -> list[list[float | None] | str]:
         """One completions request per text, up to ``concurrency`` in flight: the prompt as token ids with
         ``echo: true, logprobs: 0, max_tokens: 0, temperature: 0`` (OpenAI's completions API; vLLM serves
         it from the prompt log-probs), read from ``choices[0].logprobs.token_logprobs`` (``None`` at 0).

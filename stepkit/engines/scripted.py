@@ -174,7 +174,8 @@ class ScriptedEngine(Engine):
         offsets = self.tokenizer(text)
         return [zlib.crc32(text[a:b].encode()) for a, b in offsets], offsets
 
-    def _prompt_logprobs(self, texts: list[str], token_ids: list[list[int]]) -> list[list[float | None] | str]:
+    def _prompt_logprobs(self, texts: list[str], token_ids: list[list[int]],
+                         needed_from: list[int]) -> list[list[float | None] | str]:
         out: list[list[float | None] | str] = []
         for text, ids in zip(texts, token_ids):
             if self.delay:

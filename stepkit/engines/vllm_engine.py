@@ -361,18 +361,23 @@ class VLLMEngine(Engine):
                               f"({_first_line(exc)})") from exc
         return list(enc["input_ids"]), [tuple(o) for o in enc["offset_mapping"]]
 
-    def _prompt_logprobs(self, texts: list[str], token_ids: list[list[int]]) -> list[list[float | None] | str]:
-        """One ``LLM.generate`` call over ``TokensPrompt``s with ``SamplingParams(max_tokens=1,
-        temperature=0, prompt_logprobs=0)``: vLLM returns, per prompt position, the actual token's entry
-        (plus the top one when asked for more), read by id (:func:`actual_token_logprobs`). vLLM does not
-        use the prefix cache for requests that ask for prompt log-probs (every position's logits are
-        needed), so a row with M prefixes costs M full prefills. A text longer than ``max_model_len - 1``
-        fails alone."""
-        from vllm import SamplingParams
-        from vllm.inputs import TokensPrompt
+    def _prompt_logprobs(self, texts: list[str], token_ids: list[list[int]],
+                         needed_from: list[int]) -> list[list[float | None] | str]:
+        """``LLM.generate`` over ``TokensPrompt``s with ``SamplingParams(max_tokens=1, temperature=0,
+        prompt_logprobs=0)``: per prompt position, vLLM returns the actual token's entry (plus the top one when
+        asked for more), read by id (:func:`actual_token_logprobs`).
 
-        llm = self.llm
-        params = SamplingParams(max_tokens=1, temperature=0, prompt_logprobs=0)
+        The prefix cache: vLLM skips it for prompt-log-prob requests by default (the cached positions have
+        no log-probabilities). Only the positions from each text's first target token on are needed, so
+        the first pass reads the cache (``skip_reading_prefix_cache=False``; never detokenising, which fails on
+        the cached positions' empty entries) and keeps the
+        positions after the ``num_cached_tokens`` it reports (position ``c`` needs the logits of ``c - 1``,
+        so the first kept one is ``c + 1``); a text whose targets start inside its cached prefix is scored
+        again without the cache. Measured on CPU: the kept values equal uncached scoring exactly. Texts
+        whose prefixes were scored before (a longer text of the same row first) cost only their tail.
+
+        A text longer than ``max_model_len - 1`` fails alone. Counts ``stats.extra["scored_cached_tokens"]``
+        (tokens read from the cache) and ``["scored_again"]`` (texts scored a second time)."""
         out: list[list[float | None] | str] = [""] * len(token_ids)
         send = []
         for i, ids in enumerate(token_ids):
@@ -380,19 +385,40 @@ class VLLMEngine(Engine):
                 out[i] = f"prompt too long: {len(ids)} tokens, max_model_len {self.max_model_len}"
             else:
                 send.append(i)
+        again = []
+        for i, res in zip(send, self._score_pass([token_ids[i] for i in send], cache=self.enable_prefix_caching)):
+            cached = res.num_cached_tokens if self.enable_prefix_caching else 0
+            if cached is None or cached + 1 > needed_from[i]:
+                again.append(i)
+                continue
+            out[i] = actual_token_logprobs(res.prompt_logprobs, token_ids[i], start=max(1, cached + 1))
+            self.stats.extra["scored_cached_tokens"] = self.stats.extra.get("scored_cached_tokens", 0) + cached
+        for i, res in zip(again, self._score_pass([token_ids[i] for i in again], cache=False)):
+            out[i] = actual_token_logprobs(res.prompt_logprobs, token_ids[i])
+        self.stats.extra["scored_again"] = self.stats.extra.get("scored_again", 0) + len(again)
+        self.stats.requests += len(send)
+        return out
+
+    def _score_pass(self, token_ids: list[list[int]], cache: bool) -> list:
+        """One ``LLM.generate`` call scoring ``token_ids`` (reading the prefix cache when ``cache``)."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        if not token_ids:
+            return []
+        llm = self.llm
+        params = SamplingParams(max_tokens=1, temperature=0, prompt_logprobs=0, detokenize=False,
+                                skip_reading_prefix_cache=not cache)
         with self._engine_lock:
             if self._pending:
                 raise StepkitError("vllm engine: score() while submitted requests are running")
-            outputs = llm.generate([TokensPrompt(prompt_token_ids=token_ids[i]) for i in send], params,
-                                   use_tqdm=False) if send else []
-        if len(outputs) != len(send):  # pragma: no cover - vLLM guarantees one output per prompt
-            raise StepkitError(f"vllm returned {len(outputs)} outputs for {len(send)} prompts")
-        for i, res in zip(send, outputs):
-            if list(res.prompt_token_ids) != list(token_ids[i]):
+            outputs = llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in token_ids], params, use_tqdm=False)
+        if len(outputs) != len(token_ids):  # pragma: no cover - vLLM guarantees one output per prompt
+            raise StepkitError(f"vllm returned {len(outputs)} outputs for {len(token_ids)} prompts")
+        for res, ids in zip(outputs, token_ids):
+            if list(res.prompt_token_ids) != list(ids):
                 raise StepkitError("vllm scored other tokens than the ones sent")
-            out[i] = actual_token_logprobs(res.prompt_logprobs, token_ids[i])
-        self.stats.requests += len(send)
-        return out
+        return outputs
 
     # -- asynchronous requests: one engine loop, continuous batching ------------------------------
 

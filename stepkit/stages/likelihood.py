@@ -337,8 +337,9 @@ class LikelihoodStage(LabelerStage):
     def process(self, rows: list[dict]) -> tuple[list[dict], dict[str, int]]:
         """Label one chunk: every text of every row goes to the engine in one ``score`` call (two for
         implicit-prm, one per model). Returns the rows with ``lh_*`` columns and the chunk's counters
-        (``texts``, ``scored_tokens``, ``no_answer``)."""
-        counters = {"texts": 0, "scored_tokens": 0, "no_answer": 0}
+        (``texts``, ``scored_tokens``: tokens of the texts scored, ``cached_tokens``: of them read from the
+        engine's prefix cache, ``no_answer``)."""
+        counters = {"texts": 0, "scored_tokens": 0, "cached_tokens": 0, "no_answer": 0}
         out = [{**row, **_EMPTY} for row in rows]
         todo = [r for r in out if not r.get("error")]
         if self.cfg.method == "answer-gain":
@@ -365,8 +366,18 @@ class LikelihoodStage(LabelerStage):
             for i in range(len(r["steps"]) + 1):
                 text, span = self.scaffold.answer_text(chat, r["steps"], r["step_separator"], i, str(answer).strip())
                 requests.append(ScoreRequest(text, (span,)))
-        scores = engine.score(requests)
+        # The text after all the steps first: every shorter prefix of the row then reads it from the prefix
+        # cache (engines that have one), so a row costs about one full prefill plus a tail per step.
+        ends = {first + len(r["steps"]) for r, first in plan}
+        order = sorted(range(len(requests)), key=lambda k: k not in ends)
+        split = len(ends)
+        cached_before = engine.stats.extra.get("scored_cached_tokens", 0)
+        got = engine.score([requests[k] for k in order[:split]]) + engine.score([requests[k] for k in order[split:]])
+        scores: list = [None] * len(requests)
+        for k, s in zip(order, got):
+            scores[k] = s
         counters["texts"] += len(requests)
+        counters["cached_tokens"] += engine.stats.extra.get("scored_cached_tokens", 0) - cached_before
         for r, first in plan:
             got = scores[first:first + len(r["steps"]) + 1]
             failed = next((s.error for s in got if s.error), None)
