@@ -100,7 +100,6 @@ def main(argv=None) -> dict:
         "likelihood_prompt_tokens_per_s": round(scored / lh_m["run"]["seconds_this_run"], 1),
         "mc_label_generated_tokens": generated,
         "mc_label_generated_tokens_per_s": round(generated / mc_m["run"]["seconds_this_run"], 1),
-        "likelihood_f1_default_threshold": f1_of(lh_cost, "gsm8k")["f1"], "mc_label_f1": f1_of_mc(mc_cost),
     }
     c = report["cost"]
     print(f"cost on {c['rows']} rows: likelihood-label {c['likelihood_seconds']} s vs mc-label K=4 "
@@ -159,12 +158,6 @@ def baselines(path: Path) -> dict:
     rand = [f1(lambda r, g=random.Random(seed): g.randrange(len(r["steps"]))) for seed in range(200)]
     return {"outcome_step0": f1(lambda r: 0), "outcome_last_step": f1(lambda r: len(r["steps"]) - 1),
             "outcome_random_step_mean": statistics.mean(rand), "outcome_random_step_max": max(rand)}
-
-
-def f1_of_mc(path: Path) -> float | None:
-    from stepkit.stages.evaluate import processbench_report
-
-    return processbench_report(path, "mc_first_error")["splits"]["gsm8k"]["f1"]
 
 
 if __name__ == "__main__":

@@ -180,6 +180,9 @@ class VLLMEngine(Engine):
 
         self.vllm_version = getattr(vllm, "__version__", "unknown")
         self.on_cpu = _on_cpu()
+        # which cores vLLM's CPU backend computes on (its default "auto" reserves one for the scheduler);
+        # bench/bench_cpu_threads.py measures "auto" against every core
+        self.cpu_threads_bind = os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "auto") if self.on_cpu else None
         self.device = "cpu" if self.on_cpu else "cuda"
         if enforce_eager is None:
             enforce_eager = self.on_cpu
@@ -536,6 +539,7 @@ class VLLMEngine(Engine):
             "tensor_parallel_size": self.tensor_parallel_size,
             "block_size": self.block_size,
             "gpu_memory_utilization": self.gpu_memory_utilization,
+            "cpu_threads_bind": self.cpu_threads_bind,
         }
 
     def _read_prefix_counters(self) -> tuple[int, int]:

@@ -25,9 +25,9 @@ Columns (list columns have one entry per step):
   its running sum;
 * ``lh_first_error`` (int32): ProcessBench convention, from :func:`first_error`; ``lh_label`` (list<bool>):
   True before it, False from it on;
-* ``lh_answer_tokens`` (int32): tokens of the scored answer; ``lh_scored_tokens`` (int32): prompt tokens
-  prefilled for the row (its cost: vLLM does not use the prefix cache for prompt-log-prob requests, so a row
-  of M steps costs about M + 1 prefills of its length);
+* ``lh_answer_tokens`` (int32): tokens of the scored answer; ``lh_scored_tokens`` (int32): tokens of the
+  row's scored texts (M + 1 texts of up to its length; the offline vllm engine reads their shared prefixes
+  from its prefix cache, the row's full text being scored first, so the prefill work is mostly its tail);
 * ``lh_status``: ``ok``; ``no_answer`` (answer-gain on a row without ``reference_answer``: passed through);
   null on rows with an error.
 
@@ -317,8 +317,8 @@ class LikelihoodStage(LabelerStage):
                                    "system": self.scaffold.system, "user": self.scaffold.user,
                                    "answer_prefix": self.scaffold.answer_prefix, "answer": self.scaffold.answer},
                "threshold": self.threshold,
-               "note": "vLLM does not use the prefix cache for prompt-log-prob requests: a row costs about "
-                       "(steps + 1) prefills of its length"}
+               "note": "prompt-log-prob requests skip vLLM's prefix cache by default; the offline vllm engine "
+                       "reads it and keeps the positions after the cached prefix (--engine openai: no cache)"}
         if self.calibration:
             doc["calibration"] = self.calibration
         if self.reference_spec is not None:
