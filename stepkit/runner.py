@@ -705,7 +705,13 @@ def run_shard(stage: Stage, plan: ShardPlan, opts: RunOptions, console=None, ope
             locks.enter_context(_OutputLock(path))
         if open_stage:
             stage.open()
-        return _run_shard(stage, plan, opts, console)
+        try:
+            return _run_shard(stage, plan, opts, console)
+        except InputError:  # bad input found mid-run (damaged pages of a column planning does not read)
+            parts = _parts_dir(plan.output)
+            if not any(parts.glob("part-*.parquet")):  # nothing committed: leave no parts folder behind
+                shutil.rmtree(parts, ignore_errors=True)
+            raise
 
 
 def _run_shard(stage: Stage, plan: ShardPlan, opts: RunOptions, console) -> ShardResult:
