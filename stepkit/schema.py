@@ -303,6 +303,14 @@ def check_steps(rows: list[dict], path, first_row: int = 0) -> None:
                 raise InputError(path, f"step {k} is empty", row=first_row + i, column="steps")
 
 
+def check_kept_steps(row: dict, n: int, path, i: int) -> None:
+    """Raise InputError when the row's ``filter_kept_steps`` (the cut a ``--flag-only`` run left pending)
+    is not a step count of its ``n`` steps (1..n); null is no cut."""
+    k = row.get("filter_kept_steps")
+    if k is not None and not 1 <= k <= n:
+        raise InputError(path, f"{k} kept steps of {n} (expected 1..{n})", row=i, column="filter_kept_steps")
+
+
 def error_reason(error: str) -> str:
     """The reason part of an ``error`` value ``"<stage>: <reason>[: <detail>]"``, for counting by reason."""
     parts = error.split(": ")

@@ -50,7 +50,7 @@ from stepkit import __version__
 from stepkit.errors import ConfigError, InputError, StepkitError
 from stepkit.grading.verdicts import first_error_of, labels_from_first_error
 from stepkit.options import Config, opt
-from stepkit.schema import check_column_types, check_columns
+from stepkit.schema import check_column_types, check_columns, check_kept_steps
 from stepkit.shards import (
     file_sha256,
     iter_row_chunks,
@@ -151,6 +151,7 @@ def _check_row(row: dict, path: Path, i: int, fmt: str, seen: set) -> None:
     for k, x in enumerate(steps):
         if x is None or not x.strip():
             raise InputError(path, f"step {k} is null or blank", row=i, column="steps")
+    check_kept_steps(row, len(steps), path, i)
 
 
 def _label_kind(schema: pa.Schema, path: Path, col: str) -> str:
