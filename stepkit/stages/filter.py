@@ -228,8 +228,10 @@ class Status(Rule):
         super().check_schema(schema, path)
         col = self.columns[0]
         t = schema.field(col).type
-        if pa.types.is_list(t) or pa.types.is_large_list(t):
-            raise InputError(path, f"--rule {self.text!r} compares a whole cell, found a list column {t}", column=col)
+        if pa.types.is_nested(t):
+            raise InputError(path, f"--rule {self.text!r} compares a whole cell, found a "
+                                   f"{'list' if pa.types.is_list(t) or pa.types.is_large_list(t) else 'nested'} "
+                                   f"column {t}", column=col)
         try:
             if pa.types.is_boolean(t):
                 words = {"true": True, "false": False}
