@@ -1,13 +1,26 @@
 """Errors that the CLI prints as one clear line and turns into a non-zero exit."""
 
+# Every character str.splitlines() breaks a line at, written as its escape.
+_LINE_BREAKS = str.maketrans({c: repr(c)[1:-1] for c in "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"})
+
+
+def one_line(text: str) -> str:
+    """``text`` with its line breaks escaped (``"a\\nb"``): a column name, key or value from the user's
+    file quoted in a message must not break the message's one line."""
+    return text.translate(_LINE_BREAKS)
+
 
 class StepkitError(Exception):
     """A user-facing error: bad input, bad configuration, unreachable model.
 
     The CLI prints ``error: <message>`` (one line, no traceback) and exits with status 1.
     Messages name the file, and where known the row and column, e.g.
-    ``traj.parquet: row 3, column 'steps': empty list``.
+    ``traj.parquet: row 3, column 'steps': empty list``. The message is always one line: line breaks
+    in it (from a column name or value it quotes) are escaped.
     """
+
+    def __init__(self, message: object = "", *args):
+        super().__init__(one_line(str(message)), *args)
 
 
 class InputError(StepkitError):
@@ -28,9 +41,10 @@ class InputError(StepkitError):
 
 
 def parse_failure(e: BaseException) -> str:
-    """Why a JSON or YAML parser refused a document, in words, for the parser errors that are not its own
-    decode errors: Python's limit on digits of an integer (``ValueError``), nesting deeper than the
-    interpreter's recursion limit (``RecursionError``); anything else by its first line."""
+    """Why a JSON or YAML parser (or the Parquet reader) refused a document, in words, for the parser errors
+    that are not its own decode errors: Python's limit on digits of an integer (``ValueError``), nesting
+    deeper than the interpreter's recursion limit (``RecursionError``); anything else by its first line (its
+    type when it has no message)."""
     import sys
 
     if isinstance(e, RecursionError):

@@ -4,7 +4,8 @@ Contract (``docs/architecture.md``, "The runner contract"):
 
 * ``IN`` is a Parquet file or a folder of shards; ``--rank R --world-size W`` takes ``sorted(shards)[R::W]``.
 * :func:`plan_run` does everything that needs no model, for every shard, before any model is loaded:
-  columns, rows, side inputs, writability, and the identity check against finished or partial output.
+  columns (every stepkit column the shard has must be of its type), rows, side inputs, writability, and the
+  identity check against finished or partial output.
   An :class:`Executor` then runs the planned shards (:class:`LocalExecutor` here, one after another in
   this process); each shard runs through :func:`run_shard`, whatever the executor.
 * Each shard is processed in chunks of ``chunk_size`` rows. A finished chunk is committed as
@@ -47,6 +48,7 @@ from stepkit import __version__
 from stepkit.errors import ConfigError, InputError, RowError, StepkitError
 from stepkit.options import Config, identity, opt
 from stepkit.schema import (
+    check_column_types,
     check_columns,
     check_error_column,
     check_steps,
@@ -345,6 +347,7 @@ def plan_run(stage: Stage, in_path: str | os.PathLike, out_path: str | os.PathLi
         schema = pf.schema_arrow
         check_columns(schema, stage.required_columns, shard)
         check_error_column(schema, shard)
+        check_column_types(schema, shard)  # (a stage reads other stages' columns without declaring them)
         stage.check_schema(schema, shard)
         join_cols = [side.on or side.key for side, _ in sides_in.values()]
         extra = [c for c in (*stage.optional_columns, "error") if c in schema.names]
@@ -705,7 +708,13 @@ def run_shard(stage: Stage, plan: ShardPlan, opts: RunOptions, console=None, ope
             locks.enter_context(_OutputLock(path))
         if open_stage:
             stage.open()
-        return _run_shard(stage, plan, opts, console)
+        try:
+            return _run_shard(stage, plan, opts, console)
+        except InputError:  # bad input found mid-run (damaged pages of a column planning does not read)
+            parts = _parts_dir(plan.output)
+            if not any(parts.glob("part-*.parquet")):  # nothing committed: leave no parts folder behind
+                shutil.rmtree(parts, ignore_errors=True)
+            raise
 
 
 def _run_shard(stage: Stage, plan: ShardPlan, opts: RunOptions, console) -> ShardResult:

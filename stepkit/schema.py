@@ -147,6 +147,26 @@ MCTS_PAIR_FIELDS = [  # mcts-label --pairs-out: step preference pairs (two child
     pa.field("rejected_successes", pa.int32()),
 ]
 
+CLUE_RECOVER_FIELDS = [  # clue recover (stepkit/stages/clue.py)
+    pa.field("clue_texts", pa.list_(pa.string())),
+    pa.field("clue_values", pa.list_(pa.string())),
+    pa.field("clue_depends", pa.list_(pa.list_(pa.int32()))),
+    pa.field("clue_status", pa.string()),
+    pa.field("clue_parse_failures", pa.int32()),
+    pa.field("clue_parse_error", pa.string()),
+    pa.field("clue_replies", pa.list_(pa.string())),
+]
+CLUE_SCORE_FIELDS = [  # clue score
+    pa.field("clue_hits", pa.list_(pa.list_(pa.int32()))),
+    pa.field("clue_false_claims", pa.list_(pa.int32())),
+    pa.field("clue_score", pa.list_(pa.float32())),
+    pa.field("clue_label", pa.list_(pa.bool_())),
+    pa.field("clue_coverage", pa.float32()),
+    pa.field("clue_first_error", pa.int32()),
+    pa.field("clue_verdicts", pa.list_(pa.int32())),
+    pa.field("clue_verdict_failures", pa.int32()),
+    pa.field("clue_status", pa.string()),
+]
 FILTER_FIELDS = [  # stepkit filter: why a row is (or would be) dropped, and what cutting did to its steps
     pa.field("filter_reason", pa.string()),  # null: kept
     pa.field("filter_rule", pa.string()),  # the rule, as written, that dropped the row
@@ -199,6 +219,46 @@ def check_error_column(schema: pa.Schema, path) -> None:
         raise InputError(path, f"expected type string, found {schema.field('error').type}", column="error")
 
 
+STEPKIT_FIELDS = {f.name: f.type for f in TRAJECTORY_FIELDS + PROBLEM_FIELDS + REFERENCE_FIELDS + ROLLOUT_FIELDS
+                  + MC_FIELDS + JUDGE_FIELDS + LH_FIELDS + MCTS_FIELDS + CLUE_RECOVER_FIELDS + CLUE_SCORE_FIELDS
+                  + FILTER_FIELDS}
+"""The type of every column a stepkit stage writes to a trajectory or problem shard (and reads back)."""
+
+
+def _fits_type(got: pa.DataType, want: pa.DataType) -> bool:
+    """A column of type ``got`` can be read as ``want``: the same kind of value (any string type for a
+    string, any integer type for an integer, integers or floats for a float, lists of such for a list),
+    or all null."""
+    if got == want or pa.types.is_null(got):
+        return True
+    if pa.types.is_dictionary(got):
+        got = got.value_type
+    if pa.types.is_list(want):
+        return (pa.types.is_list(got) or pa.types.is_large_list(got)) and _fits_type(got.value_type, want.value_type)
+    if _stringish(want):
+        return _stringish(got)
+    if pa.types.is_integer(want):
+        return pa.types.is_integer(got)
+    if pa.types.is_floating(want):
+        return pa.types.is_floating(got) or pa.types.is_integer(got)
+    return False
+
+
+def check_column_types(schema: pa.Schema, path, names=None) -> None:
+    """Raise :class:`InputError` for the first column of the shard (of ``names``, default all) that has a
+    stepkit column's name (:data:`STEPKIT_FIELDS`) and a type its values cannot be read as, or that is a
+    per-step column (:data:`PER_STEP_COLUMNS`) and not a list: a stage would otherwise misread it (the
+    characters of a string counted as steps) or fail on its values."""
+    for name in schema.names if names is None else [n for n in names if n in schema.names]:
+        got, want = schema.field(name).type, STEPKIT_FIELDS.get(name)
+        if want is not None and not _fits_type(got, want):
+            raise InputError(path, f"expected type {want}, found {got}", column=name)
+        if name in PER_STEP_COLUMNS and not (pa.types.is_list(got) or pa.types.is_large_list(got)
+                                             or pa.types.is_null(got)):
+            raise InputError(path, f"a per-step column must be a list (one entry per step), found {got}",
+                             column=name)
+
+
 def check_columns(schema: pa.Schema, required: tuple[str, ...] | list[str], path) -> None:
     """Raise :class:`InputError` naming the first required column missing from ``schema``.
 
@@ -245,6 +305,14 @@ def check_steps(rows: list[dict], path, first_row: int = 0) -> None:
         for k, s in enumerate(steps):
             if s is None or not s.strip():
                 raise InputError(path, f"step {k} is empty", row=first_row + i, column="steps")
+
+
+def check_kept_steps(row: dict, n: int, path, i: int) -> None:
+    """Raise InputError when the row's ``filter_kept_steps`` (the cut a ``--flag-only`` run left pending)
+    is not a step count of its ``n`` steps (1..n); null is no cut."""
+    k = row.get("filter_kept_steps")
+    if k is not None and not 1 <= k <= n:
+        raise InputError(path, f"{k} kept steps of {n} (expected 1..{n})", row=i, column="filter_kept_steps")
 
 
 def error_reason(error: str) -> str:

@@ -21,7 +21,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from stepkit.errors import ConfigError, InputError
+from stepkit.errors import ConfigError, InputError, parse_failure
 
 ROW_GROUP_BYTES = 64 * 1024 * 1024
 """Upper bound on the uncompressed bytes of one row group (a row group holds at least one row)."""
@@ -86,8 +86,8 @@ def open_parquet(path: Path) -> pq.ParquetFile:
         return pq.ParquetFile(path)
     except FileNotFoundError:
         raise InputError(path, "no such file") from None
-    except (pa.ArrowInvalid, OSError) as e:
-        raise InputError(path, f"not a readable Parquet file ({str(e).splitlines()[0]})") from None
+    except (pa.ArrowException, OSError, ValueError) as e:  # (a damaged footer: column names not UTF-8, ...)
+        raise InputError(path, f"not a readable Parquet file ({parse_failure(e)})") from None
 
 
 def iter_row_chunks(path: Path, chunk_size: int, columns: list[str] | None = None
@@ -101,12 +101,12 @@ def iter_row_chunks(path: Path, chunk_size: int, columns: list[str] | None = Non
     while True:
         try:
             batch = next(batches)
+            buf.extend(batch.to_pylist())
         except StopIteration:
             break
-        except (pa.ArrowException, OSError) as e:  # corrupt data pages behind an intact footer
-            raise InputError(path, f"cannot read rows after row {start + len(buf)} "
-                                   f"({str(e).splitlines()[0]})") from None
-        buf.extend(batch.to_pylist())
+        except (pa.ArrowException, OSError, ValueError) as e:  # corrupt data pages behind an intact footer,
+            raise InputError(path, f"cannot read rows after row {start + len(buf)} "  # text that is not UTF-8
+                                   f"({parse_failure(e)})") from None
         while len(buf) >= chunk_size:
             yield start, buf[:chunk_size]
             buf = buf[chunk_size:]

@@ -498,7 +498,10 @@ def problem_numbers(prompt: str) -> set[Fraction]:
     t = normalise(prompt)
     nums: set[Fraction] = set()
     for m in re.finditer(r"(\d+(?:\.\d+)?|\.\d+)\s*(%?)", t):
-        v = Fraction(m.group(1))
+        try:
+            v = Fraction(m.group(1))
+        except ValueError:  # more digits than Python converts (4,300): no step states it (number_value)
+            continue
         nums.add(v)
         if m.group(2):
             nums |= {v / 100, 1 + v / 100, 1 - v / 100}

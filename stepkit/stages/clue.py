@@ -84,28 +84,8 @@ from stepkit.grading.verdicts import VerdictParseError, parse_first_error
 from stepkit.options import Config, opt
 from stepkit.prompts import PromptTemplate, clue_template, render_clue_recover, render_clue_verify
 from stepkit.runner import EngineStage, SideInput
-from stepkit.schema import check_steps, check_values, extend_schema
+from stepkit.schema import CLUE_RECOVER_FIELDS, CLUE_SCORE_FIELDS, check_steps, check_values, extend_schema
 
-CLUE_RECOVER_FIELDS = [
-    pa.field("clue_texts", pa.list_(pa.string())),
-    pa.field("clue_values", pa.list_(pa.string())),
-    pa.field("clue_depends", pa.list_(pa.list_(pa.int32()))),
-    pa.field("clue_status", pa.string()),
-    pa.field("clue_parse_failures", pa.int32()),
-    pa.field("clue_parse_error", pa.string()),
-    pa.field("clue_replies", pa.list_(pa.string())),
-]
-CLUE_SCORE_FIELDS = [
-    pa.field("clue_hits", pa.list_(pa.list_(pa.int32()))),
-    pa.field("clue_false_claims", pa.list_(pa.int32())),
-    pa.field("clue_score", pa.list_(pa.float32())),
-    pa.field("clue_label", pa.list_(pa.bool_())),
-    pa.field("clue_coverage", pa.float32()),
-    pa.field("clue_first_error", pa.int32()),
-    pa.field("clue_verdicts", pa.list_(pa.int32())),
-    pa.field("clue_verdict_failures", pa.int32()),
-    pa.field("clue_status", pa.string()),
-]
 # The problem columns a clue row keeps (whichever the input has).
 PROBLEM_COLUMNS = ("problem_id", "source", "prompt", "reference_answer", "reference_steps", "reference_solution")
 MATCH_MODES = ("numeric", "llm", "both")

@@ -26,6 +26,7 @@ import pyarrow as pa
 from stepkit.errors import InputError
 from stepkit.grading.verdicts import first_error_of
 from stepkit.metrics import processbench_f1
+from stepkit.schema import check_column_types
 from stepkit.shards import list_shards, open_parquet, read_rows
 
 
@@ -87,6 +88,7 @@ def load_predictions(shard: str | Path, columns: list[str]) -> tuple[list[dict],
                                  column=c)
             kinds.setdefault(c, (k, p))
         extra = [c for c in ("id", "source", "steps") if c in schema.names and c not in columns]
+        check_column_types(schema, p, extra)
         for i, r in enumerate(read_rows(p, columns=list(dict.fromkeys(columns + extra)))):
             n = len(r["steps"]) if r.get("steps") is not None else None
             rid = r.get("id")

@@ -50,7 +50,7 @@ from stepkit import __version__
 from stepkit.errors import ConfigError, InputError, StepkitError
 from stepkit.grading.verdicts import first_error_of, labels_from_first_error
 from stepkit.options import Config, opt
-from stepkit.schema import LOG_SCALE_COLUMNS, check_columns
+from stepkit.schema import LOG_SCALE_COLUMNS, check_column_types, check_columns, check_kept_steps
 from stepkit.shards import (
     file_sha256,
     iter_row_chunks,
@@ -151,6 +151,7 @@ def _check_row(row: dict, path: Path, i: int, fmt: str, seen: set) -> None:
     for k, x in enumerate(steps):
         if x is None or not x.strip():
             raise InputError(path, f"step {k} is null or blank", row=i, column="steps")
+    check_kept_steps(row, len(steps), path, i)
 
 
 def _label_kind(schema: pa.Schema, path: Path, col: str, soft: bool = False) -> str:
@@ -200,6 +201,8 @@ class Converter:
                 raise InputError(path, f"expected a string, found {schema.field('prompt').type}", column="prompt")
             return
         check_columns(schema, REQUIRED[self.cfg.format], path)  # steps list<string>, id string, outcome bool
+        # the other columns it reads (filter_*, <labeller>_status, source, generator); --labels by its kind
+        check_column_types(schema, path, [c for c in schema.names if c != self.cfg.labels])
         kind = _label_kind(schema, path, self.cfg.labels, self.cfg.soft)
         if self.cfg.soft and kind != "float":
             raise InputError(path, f"--soft needs step values (list<float>), found "

@@ -57,7 +57,7 @@ from stepkit.errors import ConfigError, InputError, StepkitError
 from stepkit.grading.verdicts import first_error_of
 from stepkit.options import Config, opt
 from stepkit.runner import SideOutput, Stage
-from stepkit.schema import FILTER_FIELDS, PER_STEP_COLUMNS, extend_schema
+from stepkit.schema import FILTER_FIELDS, PER_STEP_COLUMNS, check_kept_steps, extend_schema
 
 RULE_SYNTAX = ("consensus:A,B | prof:COL | min-value:COL>=X | max-value:COL<=X | status:COL=V | "
                "status:COL!=V | dedupe | steps:MIN-MAX | no-error | truncate-after-first-error:COL | "
@@ -238,8 +238,10 @@ class Status(Rule):
         super().check_schema(schema, path)
         col = self.columns[0]
         t = schema.field(col).type
-        if pa.types.is_list(t) or pa.types.is_large_list(t):
-            raise InputError(path, f"--rule {self.text!r} compares a whole cell, found a list column {t}", column=col)
+        if pa.types.is_nested(t):
+            raise InputError(path, f"--rule {self.text!r} compares a whole cell, found a "
+                                   f"{'list' if pa.types.is_list(t) or pa.types.is_large_list(t) else 'nested'} "
+                                   f"column {t}", column=col)
         try:
             if pa.types.is_boolean(t):
                 words = {"true": True, "false": False}
@@ -409,7 +411,8 @@ class FilterStage(Stage):
         self.rules = [parse_rule(r) for r in cfg.rule]
         self.required_columns = ("prompt", "steps")  # each rule checks its own columns (naming the rule)
         status_cols = {r.columns[0] for r in self.rules if isinstance(r, Status)}  # observed while planning
-        self.optional_columns = tuple(sorted(PER_STEP_COLUMNS | set(cfg.step_column) | {"filter_reason"} | status_cols))
+        self.optional_columns = tuple(sorted(PER_STEP_COLUMNS | set(cfg.step_column)
+                                             | {"filter_reason", "filter_kept_steps"} | status_cols))
 
     def output_schema(self, input_schema):
         return extend_schema(input_schema, FILTER_FIELDS)
@@ -428,8 +431,9 @@ class FilterStage(Stage):
             rule.check_schema(schema, path)
 
     def validate(self, rows, path, first_row):
-        """Every per-step column of a row has one entry per step (null cells are allowed); status rules
-        note which values the input holds, over every shard of the run."""
+        """Every per-step column of a row has one entry per step (null cells are allowed), and the steps
+        an earlier ``--flag-only`` run would keep (``filter_kept_steps``) are 1..M; status rules note which
+        values the input holds, over every shard of the run."""
         for rule in self.rules:
             if isinstance(rule, Status):
                 rule.observe(rows)
@@ -437,6 +441,7 @@ class FilterStage(Stage):
             if not r.get("steps"):
                 raise InputError(path, "null or empty steps", row=first_row + i, column="steps")
             n = len(r["steps"])
+            check_kept_steps(r, n, path, first_row + i)
             for c in r:
                 v = r[c]
                 if c != "steps" and (c in PER_STEP_COLUMNS or c in self.cfg.step_column) and v is not None \

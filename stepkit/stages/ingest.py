@@ -678,14 +678,14 @@ class Ingester:
         data = self._whole()
         try:
             pf = pq.ParquetFile(pa.BufferReader(data))
-        except (pa.ArrowException, OSError) as e:
-            raise _FormatError(self.path, f"not a readable Parquet file ({str(e).splitlines()[0]})") from None
+        except (pa.ArrowException, OSError, ValueError) as e:  # (a damaged footer: column names not UTF-8, ...)
+            raise _FormatError(self.path, f"not a readable Parquet file ({parse_failure(e)})") from None
         rows: list[dict] = []
         try:
             for batch in pf.iter_batches(batch_size=1024):
                 rows.extend(batch.to_pylist())
-        except (pa.ArrowException, OSError) as e:
-            raise InputError(self.path, f"cannot read rows after row {len(rows)} ({str(e).splitlines()[0]})") from None
+        except (pa.ArrowException, OSError, ValueError) as e:  # (damaged pages, text that is not UTF-8)
+            raise InputError(self.path, f"cannot read rows after row {len(rows)} ({parse_failure(e)})") from None
         return list(enumerate(rows)), list(pf.schema_arrow.names)
 
     def _generator(self, obj: dict, row: int) -> str:
