@@ -14,6 +14,8 @@ import errno
 import hashlib
 import json
 import os
+import re
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -290,3 +292,18 @@ def mixed_configuration(shards: list[Path]) -> str | None:
             return (f"{first[0].name} and {p.name} were made with different settings ({key}: {a!r:.60} vs "
                     f"{b!r:.60}{more}), so figures over this folder mix configurations")
     return None
+
+
+def remove_stale(path: Path, kind: str) -> None:
+    """Remove the ``.<name>.<kind>-<pid>`` temporary folders beside ``path`` that a killed run left (their
+    pid is gone); ``export`` stages a dataset folder in one, ``publish`` its upload."""
+    name = re.sub(r"([*?\[])", r"[\1]", path.name)  # glob-escaped
+    for p in path.parent.glob(f".{name}.{kind}-*"):
+        pid = p.name.rsplit("-", 1)[-1]
+        if pid.isdigit() and int(pid) != os.getpid():
+            try:
+                os.kill(int(pid), 0)
+            except ProcessLookupError:
+                shutil.rmtree(p, ignore_errors=True)
+            except PermissionError:
+                pass

@@ -148,6 +148,23 @@ def _api_key() -> str:
     return os.environ.get("STEPKIT_API_KEY") or os.environ.get("OPENAI_API_KEY") or "EMPTY"
 
 
+async def _all_or_first_failure(coros) -> list:
+    """Run ``coros`` concurrently and return their results in order; on the first failure, cancel the rest
+    and raise the failure of the earliest coroutine (in order) that failed."""
+    tasks = [asyncio.ensure_future(c) for c in coros]
+    try:
+        if tasks:  # asyncio.wait refuses an empty set
+            await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        for task in tasks:  # the first failure in request order
+            if task.done() and not task.cancelled() and task.exception() is not None:
+                raise task.exception()
+        return [task.result() for task in tasks]
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
 def _split_evenly(total: int, parts: int) -> list[int]:
     base, extra = divmod(max(int(total), 0), parts)
     return [base + (1 if i < extra else 0) for i in range(parts)]
@@ -621,18 +638,8 @@ class OpenAIEngine(Engine):
 
     async def _generate_all(self, jobs, sampling: SamplingConfig) -> list[list[Completion]]:
         semaphore = self._semaphore()
-        tasks = [asyncio.ensure_future(self._one_job(index, prompt, n, sampling, semaphore))
-                 for index, (_, prompt, n) in enumerate(jobs)]
-        try:
-            await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
-            for task in tasks:  # the first failure in request order
-                if task.done() and not task.cancelled() and task.exception() is not None:
-                    raise task.exception()
-            return [task.result() for task in tasks]
-        finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+        return await _all_or_first_failure([self._one_job(index, prompt, n, sampling, semaphore)
+                                            for index, (_, prompt, n) in enumerate(jobs)])
 
     async def _one_job(self, index: int, prompt: str, n: int, sampling: SamplingConfig,
                        semaphore: asyncio.Semaphore) -> list[Completion]:
@@ -763,13 +770,7 @@ class OpenAIEngine(Engine):
                 return data.error
             return self._parse_scores(data, ids)
 
-        tasks = [asyncio.ensure_future(one(ids)) for ids in token_ids]
-        try:
-            return list(await asyncio.gather(*tasks))
-        finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+        return await _all_or_first_failure([one(ids) for ids in token_ids])
 
     def _parse_scores(self, data: dict, ids: list[int]) -> list[float | None]:
         """The per-position log-probs of one echo reply, checked against the ids sent.

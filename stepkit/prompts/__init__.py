@@ -33,6 +33,22 @@ def _one_line(e: Exception) -> str:
     return " ".join(str(e).split())
 
 
+def _read_yaml(path: Path):
+    """The YAML document in a template file.
+
+    Raises:
+        ConfigError: unreadable, not YAML, an integer over Python's digit limit or nesting too deep (one line).
+    """
+    import yaml
+
+    try:
+        return yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+        raise ConfigError(f"{path}: not a readable YAML template ({_one_line(e)})") from None
+    except (ValueError, RecursionError) as e:
+        raise ConfigError(f"{path}: not a readable YAML template ({parse_failure(e)})") from None
+
+
 def fill(text: str, values: dict[str, str]) -> str:
     """Replace each ``{name}`` slot of ``text`` whose name is in ``values``, in one pass.
 
@@ -101,15 +117,8 @@ def load_template(path: str | Path) -> PromptTemplate:
     Raises:
         ConfigError: unreadable file, missing key, unknown mode, or a judge template without its slots.
     """
-    import yaml
-
     path = Path(path)
-    try:
-        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
-        raise ConfigError(f"{path}: not a readable YAML template ({_one_line(e)})") from None
-    except (ValueError, RecursionError) as e:  # an integer over Python's digit limit, nesting too deep
-        raise ConfigError(f"{path}: not a readable YAML template ({parse_failure(e)})") from None
+    doc = _read_yaml(path)
     if not isinstance(doc, dict):
         raise ConfigError(f"{path}: a template is a mapping with version, user, system, mode")
     for key in ("version", "user"):
@@ -221,15 +230,8 @@ def load_answer_scaffold(path: str | Path | None = None) -> AnswerScaffold:
     Raises:
         ConfigError: unreadable file, a missing or non-string key, an unknown key, or a missing slot.
     """
-    import yaml
-
     path = Path(path) if path is not None else Path(__file__).with_name("likelihood-answer.yaml")
-    try:
-        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
-        raise ConfigError(f"{path}: not a readable YAML template ({_one_line(e)})") from None
-    except (ValueError, RecursionError) as e:
-        raise ConfigError(f"{path}: not a readable YAML template ({parse_failure(e)})") from None
+    doc = _read_yaml(path)
     keys = ("version", "user", "answer_prefix", "answer")
     if not isinstance(doc, dict):
         raise ConfigError(f"{path}: an answer scaffold is a mapping with {', '.join(keys)}")

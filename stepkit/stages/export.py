@@ -57,6 +57,7 @@ from stepkit.shards import (
     list_shards,
     open_parquet,
     read_manifest,
+    remove_stale,
     write_json,
     write_table,
 )
@@ -338,7 +339,7 @@ def export(in_path: str | os.PathLike, out: str | os.PathLike, cfg: ExportConfig
     """
     out = Path(out).absolute()  # (a relative "." has no name to put a temporary folder beside)
     shards = list_shards(in_path)
-    _remove_stale(out, "tmp")
+    remove_stale(out, "tmp")
     hashes = [file_sha256(p) for p in shards]
     config = {k: getattr(cfg, k) for k in cfg.__dataclass_fields__}
     old = read_export_manifest(out) if out.is_dir() else None
@@ -459,23 +460,6 @@ def export(in_path: str | os.PathLike, out: str | os.PathLike, cfg: ExportConfig
         shutil.rmtree(old, ignore_errors=True)
         tmp.rmdir()
     return manifest
-
-
-def _remove_stale(path: Path, kind: str) -> None:
-    """Remove ``.<name>.<kind>-<pid>`` folders beside ``path`` that a killed run left (its pid is gone)."""
-    for p in path.parent.glob(f".{glob_escape(path.name)}.{kind}-*"):
-        pid = p.name.rsplit("-", 1)[-1]
-        if pid.isdigit() and int(pid) != os.getpid():
-            try:
-                os.kill(int(pid), 0)
-            except ProcessLookupError:
-                shutil.rmtree(p, ignore_errors=True)
-            except PermissionError:
-                pass
-
-
-def glob_escape(name: str) -> str:
-    return re.sub(r"([*?\[])", r"[\1]", name)
 
 
 def _label_rule(cfg: ExportConfig, kind: str | None) -> str:

@@ -33,9 +33,9 @@ import pyarrow.parquet as pq
 
 from stepkit.errors import ConfigError, StepkitError
 from stepkit.options import Config, opt
-from stepkit.shards import file_sha256, write_json
+from stepkit.shards import file_sha256, remove_stale, write_json
 from stepkit.stages import dataset_card
-from stepkit.stages.export import MANIFEST, _remove_stale, read_export_manifest
+from stepkit.stages.export import MANIFEST, read_export_manifest
 
 RETRY_STATUS = {408, 412, 429, 500, 502, 503, 504}
 MAX_WAIT = 300.0  # seconds: the longest wait before a retry, whatever a Retry-After header asks
@@ -221,7 +221,7 @@ def publish(folder: str | os.PathLike, cfg: PublishConfig, log=print) -> dict[st
         StepkitError: the folder does not load with ``datasets``; an upload error (one line).
     """
     given, folder = str(folder), Path(folder).absolute()
-    _remove_stale(folder, "publish")
+    remove_stale(folder, "publish")
     manifest = read_export_manifest(folder)
     if manifest is None:
         raise ConfigError(f"{folder}: not a stepkit export folder (no readable {MANIFEST}); run stepkit export first")
