@@ -346,9 +346,12 @@ class Engine:
         owners: list[list[list[int]] | str] = []
         for r, (_, offsets) in zip(requests, tokenised):
             try:
-                owners.append(assign_tokens(offsets, r.spans, r.text))
+                positions = assign_tokens(offsets, r.spans, r.text)
             except StepkitError as exc:  # this text cannot be scored as asked; the others can
                 owners.append(str(exc))
+                continue
+            owners.append(positions if all(p[0] > 0 for p in positions) else
+                          "a target starts the text: its first token has no log-probability")
         todo = [i for i, o in enumerate(owners) if not isinstance(o, str)]
         got = self._prompt_logprobs([requests[i].text for i in todo], [tokenised[i][0] for i in todo],
                                     [min(p[0] for p in owners[i]) for i in todo])
@@ -364,9 +367,6 @@ class Engine:
                 continue
             if len(lps) != len(ids):
                 raise StepkitError(f"{self.name} engine returned {len(lps)} log-probs for {len(ids)} tokens")
-            if any(0 in p for p in positions):
-                out.append(Scored.failed("a target starts the text: its first token has no log-probability"))
-                continue
             if any(lps[j] is None for p in positions for j in p):  # pragma: no cover - a backend's bug
                 raise StepkitError(f"{self.name} engine returned no log-prob for a target token")
             self.stats.scored_tokens += len(ids)
