@@ -55,6 +55,18 @@ REFERENCE_FIELDS = [
 # annotations kept (``ingest gsm8k``, ``gsm8k-solutions``, ``processbench`` for rows matched to GSM8K test);
 # ``clue recover --from-reference`` reads its intermediate values from them.
 
+MESSAGE_FIELDS = [  # ingest messages (stepkit/conversations.py): a tool-calling conversation as a row
+    # per step: what came back after the turn (tool results, the next user message), rendered as text
+    pa.field("step_observations", pa.list_(pa.string())),
+    # the original messages, as JSON: before the first turn, and per step (the turn, then its observation)
+    pa.field("prompt_messages", pa.string()),
+    pa.field("step_messages", pa.list_(pa.string())),
+    # gold tool calls the task required, each canonical JSON {"arguments": ..., "name": ...} (sorted keys)
+    pa.field("reference_actions", pa.list_(pa.string())),
+    # the source file's own reward (outcome_correct is reward >= --success-threshold)
+    pa.field("source_reward", pa.float64()),
+]
+
 ROLLOUT_FIELDS = [
     pa.field("rollout_finish_reason", pa.string()),
     pa.field("rollout_prompt_tokens", pa.int32()),
@@ -179,7 +191,7 @@ FILTER_FIELDS = [  # stepkit filter: why a row is (or would be) dropped, and wha
 # and their length must equal the step count. Lists that are not per step (``judge_votes``,
 # ``judge_replies``, ``reference_steps``) are not here. A new stage adds its per-step columns.
 PER_STEP_COLUMNS = frozenset(
-    ["steps", "reference_labels"]
+    ["steps", "reference_labels", "step_observations", "step_messages"]
     + [f.name for f in MC_FIELDS + MCTS_FIELDS + LH_FIELDS if pa.types.is_list(f.type)]
     + ["judge_label", "judge_correct_votes"]
     + ["clue_hits", "clue_false_claims", "clue_score", "clue_label"]
@@ -221,7 +233,7 @@ def check_error_column(schema: pa.Schema, path) -> None:
 
 STEPKIT_FIELDS = {f.name: f.type for f in TRAJECTORY_FIELDS + PROBLEM_FIELDS + REFERENCE_FIELDS + ROLLOUT_FIELDS
                   + MC_FIELDS + JUDGE_FIELDS + LH_FIELDS + MCTS_FIELDS + CLUE_RECOVER_FIELDS + CLUE_SCORE_FIELDS
-                  + FILTER_FIELDS}
+                  + FILTER_FIELDS + MESSAGE_FIELDS}
 """The type of every column a stepkit stage writes to a trajectory or problem shard (and reads back)."""
 
 

@@ -55,7 +55,7 @@ from stepkit.options import Config, flag_of, opt
 from stepkit.schema import PROBLEM_SCHEMA, REFERENCE_FIELDS, REFERENCE_SOLUTION_FIELD, TRAJECTORY_SCHEMA, extend_schema
 from stepkit.shards import manifest_path, resolve_path, write_shard
 
-FORMATS = ("gsm8k", "gsm8k-solutions", "processbench", "jsonl", "parquet")
+FORMATS = ("gsm8k", "gsm8k-solutions", "processbench", "jsonl", "parquet", "messages")
 GENERIC = ("jsonl", "parquet")
 GSM8K_GENERATORS = ("6b_finetuning", "6b_verification", "175b_finetuning", "175b_verification")
 TRAJ_SCHEMA_WITH_REFS = extend_schema(TRAJECTORY_SCHEMA, REFERENCE_FIELDS)
@@ -64,7 +64,9 @@ COLUMN_OPTIONS = ("prompt_col", "steps_col", "answer_col", "reference_col", "id_
 """The options that name a column of a jsonl/parquet file: each must name one the file has."""
 OPTION_FORMATS: dict[str, tuple[str, ...]] = {
     "generators": ("gsm8k-solutions",), "answers": ("processbench",),
-    **{name: GENERIC for name in ("split", "neutral_as", *COLUMN_OPTIONS)}}
+    **{name: GENERIC for name in ("split", "neutral_as", *COLUMN_OPTIONS)},
+    "id_col": (*GENERIC, "messages"), "problem_id_col": (*GENERIC, "messages"),
+    **{name: ("messages",) for name in ("messages_col", "outcome_col", "gold_col", "success_threshold")}}
 """The formats an option applies to (an option not listed applies to every format)."""
 OPTION_NEEDS = {"seed": "sample", "neutral_as": "labels_col"}
 """Options that act only together with another one."""
@@ -102,6 +104,11 @@ class IngestOptions(Config):
     first_error_col: str | None = opt(None, "jsonl/parquet: human first-error index column (-1 = no error).")
     answers: tuple[str, ...] = opt((), "processbench: GSM8K/MATH-500 jsonl files to recover gold answers from.",
                                    file=True)
+    messages_col: str | None = opt(None, "messages: the conversation key (default: messages, else traj).")
+    outcome_col: str = opt("reward", "messages: the outcome key (a number or bool; dots reach into objects).")
+    gold_col: str = opt("info.task.actions", "messages: the gold tool calls key (a list of {name, kwargs|arguments}; "
+                        "absent: none).")
+    success_threshold: float = opt(1.0, "messages: outcome_correct is reward >= this.")
 
     def __post_init__(self):
         super().__post_init__()
@@ -467,7 +474,8 @@ class Ingester:
     def rows(self) -> tuple[list[dict], Any]:
         """The rows of the file and the schema to write them with."""
         fn = {"gsm8k": self._gsm8k, "gsm8k-solutions": self._gsm8k_solutions,
-              "processbench": self._processbench, "jsonl": self._generic, "parquet": self._generic}[self.fmt]
+              "processbench": self._processbench, "jsonl": self._generic, "parquet": self._generic,
+              "messages": self._messages}[self.fmt]
         return fn()
 
     def _jsonl(self) -> list[tuple[int, dict]]:
@@ -576,14 +584,18 @@ class Ingester:
             self.count("outcome_correct" if row["outcome_correct"] else "outcome_incorrect")
 
     # ---- ProcessBench --------------------------------------------------------------------------
-    def _processbench(self):
+    def _whole_text(self) -> str:
+        """FILE as UTF-8 text (read once; a byte-order mark dropped)."""
         data = self._whole()
         try:
             text = data.decode("utf-8")
         except UnicodeDecodeError as e:
             raise InputError(self.path, f"not UTF-8 text ({e.reason} 0x{data[e.start]:02x} at byte {e.start} of the "
                                         "file)", row=_row_at(data[:e.start].decode("utf-8"), self.path)) from None
-        records = list(_json_list(text.removeprefix("\ufeff"), self.path))
+        return text.removeprefix("\ufeff")
+
+    def _processbench(self):
+        records = list(_json_list(self._whole_text(), self.path))
         answers = self._reference_answers()
         by_problem: dict[str, str] = {}
         ids: dict[str, int] = {}
@@ -687,6 +699,18 @@ class Ingester:
         except (pa.ArrowException, OSError, ValueError) as e:  # (damaged pages, text that is not UTF-8)
             raise InputError(self.path, f"cannot read rows after row {len(rows)} ({parse_failure(e)})") from None
         return list(enumerate(rows)), list(pf.schema_arrow.names)
+
+    def _messages(self):
+        from stepkit.stages.ingest_messages import MESSAGES_SCHEMA, conversation_rows
+
+        try:  # a JSON list of conversations (τ-bench's files), else JSON Lines
+            with open(self.path, "rb") as f:
+                is_list = f.read(HEAD_BYTES).lstrip(b"\xef\xbb\xbf \t\r\n").startswith(b"[")
+        except OSError as e:
+            raise InputError(self.path, f"cannot read ({e.strerror or e})") from None
+        items = list(_json_list(self._whole_text(), self.path)) if is_list else self._jsonl()
+        rows = conversation_rows(self._take(items), self.path, self.opts, self.count)
+        return rows, MESSAGES_SCHEMA
 
     def _generator(self, obj: dict, row: int) -> str:
         """The row's ``generator`` text ("unknown" when absent, null or blank), never the repr of an object."""
