@@ -103,6 +103,7 @@ class SideInput:
         key: the key column in the side input (unique there).
         on: the key column in IN's rows (default: ``key``).
         columns: the side columns to read (default: all); each must exist in every side shard.
+        optional: more side columns, read when a side shard has them (absent: None in the joined row).
         check: ``check(rows, path, first_row)`` raises :class:`InputError` for a bad side row (the stage's
             own rules for what it joins, e.g. clue lists of one length), called as the side input is read.
     """
@@ -112,6 +113,7 @@ class SideInput:
     on: str | None = None
     columns: tuple[str, ...] | None = None
     check: Any = None
+    optional: tuple[str, ...] = ()
 
 
 class Stage:
@@ -474,9 +476,14 @@ def _load_side_input(name: str, side: SideInput) -> tuple[list[Path], dict[Any, 
     paths = list_shards(side.path)
     table: dict[Any, dict] = {}
     for p in paths:
+        names = open_parquet(p).schema_arrow.names
         check_columns(open_parquet(p).schema_arrow, (side.key, *(side.columns or ())), p)
-        cols = list(dict.fromkeys([side.key, *side.columns])) if side.columns else None
+        extra = [c for c in side.optional if c in names]
+        cols = list(dict.fromkeys([side.key, *side.columns, *extra])) if side.columns else None
         for first, rows in iter_row_chunks(p, 1024, columns=cols):
+            for r in rows:
+                for c in side.optional:
+                    r.setdefault(c, None)
             if side.check is not None:
                 side.check(rows, p, first)
             for i, r in enumerate(rows):

@@ -97,6 +97,8 @@ JUDGE_FIELDS = [
     pa.field("judge_parse_error", pa.string()),
     pa.field("judge_replies", pa.list_(pa.string())),
     pa.field("judge_status", pa.string()),
+    # per step: the mean score of the valid votes (mode per-step-score, e.g. judge-agent-step: 0-10)
+    pa.field("judge_score", pa.list_(pa.float32())),
 ]
 
 LH_FIELDS = [  # likelihood-label (stepkit/stages/likelihood.py)
@@ -163,6 +165,8 @@ CLUE_RECOVER_FIELDS = [  # clue recover (stepkit/stages/clue.py)
     pa.field("clue_texts", pa.list_(pa.string())),
     pa.field("clue_values", pa.list_(pa.string())),
     pa.field("clue_depends", pa.list_(pa.list_(pa.int32()))),
+    # per clue: "call" / "value" (clue recover --from-actions: stepkit/grading/actions.py); null: math clues
+    pa.field("clue_kinds", pa.list_(pa.string())),
     pa.field("clue_status", pa.string()),
     pa.field("clue_parse_failures", pa.int32()),
     pa.field("clue_parse_error", pa.string()),
@@ -193,7 +197,7 @@ FILTER_FIELDS = [  # stepkit filter: why a row is (or would be) dropped, and wha
 PER_STEP_COLUMNS = frozenset(
     ["steps", "reference_labels", "step_observations", "step_messages"]
     + [f.name for f in MC_FIELDS + MCTS_FIELDS + LH_FIELDS if pa.types.is_list(f.type)]
-    + ["judge_label", "judge_correct_votes"]
+    + ["judge_label", "judge_correct_votes", "judge_score"]
     + ["clue_hits", "clue_false_claims", "clue_score", "clue_label"]
 )
 

@@ -369,7 +369,7 @@ def test_cli_judge_bad_input(pb, tmp_path):
     tmpl = tmp_path / "t.yaml"
     tmpl.write_text("version: x\nmode: per-step\nuser: '{problem} {steps}'\n")
     p = run("judge", pb, tmp_path / "o.parquet", "--engine", "scripted", "--model", "scripted:judge",
-            "--template", tmpl, check=False)
+            "--template", tmpl, "--mode", "first-error", check=False)
     assert p.returncode == 2 and "is for mode 'per-step'" in p.stderr
     assert not (tmp_path / "o.parquet").exists()
 

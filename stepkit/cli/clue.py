@@ -25,7 +25,7 @@ def _optional_model(cmd):
     for p in cmd.params:
         if p.name == "model":
             p.required = False
-            p.help = (p.help or "") + " Not needed with --from-reference (recover) or --match numeric (score)."
+            p.help = (p.help or "") + " Not needed with --from-reference/--from-actions (recover) or --match numeric (score)."
     return cmd
 
 
@@ -44,7 +44,7 @@ def _spec(kw):
 def recover(inp, out, **kw):
     """One clue list per problem of IN (a problems or trajectories shard), worked backward from
     reference_answer by --model, or with --from-reference from the reference solution's <<a=b>>
-    annotations (no model).
+    annotations (no model), or with --from-actions from an agent task's gold tool calls (no model).
 
     Writes clue_texts, clue_values, clue_depends, clue_status (ok, parse_failure, no_reference),
     clue_parse_failures, clue_replies; a reply that does not parse is a parse failure, never an empty list.
@@ -53,12 +53,14 @@ def recover(inp, out, **kw):
     from stepkit.stages.clue import ClueRecoverStage
 
     cfg = from_params(ClueRecoverConfig, kw)
-    if cfg.from_reference and kw.get("model"):
-        raise click.UsageError("--from-reference uses no model: leave out --model")
-    if not cfg.from_reference and not kw.get("model"):
-        raise click.UsageError("give --model (the recovery model), or --from-reference")
+    rule = "--from-reference" if cfg.from_reference else "--from-actions" if cfg.from_actions else None
+    if rule and kw.get("model"):
+        raise click.UsageError(f"{rule} uses no model: leave out --model")
+    if not rule and not kw.get("model"):
+        raise click.UsageError("give --model (the recovery model), or --from-reference (math), or --from-actions "
+                               "(agent conversations)")
     tmpl = load_template(cfg.template) if cfg.template else None
-    spec = None if cfg.from_reference else engine_spec(kw)
+    spec = None if rule else engine_spec(kw)
     run(ClueRecoverStage(cfg, spec, sampling(kw) if spec else None, tmpl), inp, out, kw, "clue recover")
 
 

@@ -25,7 +25,8 @@ def command(inp, out, **kw):
 
     The judge model (--model/--engine) is chosen independently of the policy that wrote the steps.
     Writes judge_label, judge_first_error, judge_votes, judge_correct_votes, judge_tie, judge_status,
-    judge_replies ...; a reply with no usable verdict is a parse failure, never a verdict.
+    judge_replies ...; a reply with no usable verdict is a parse failure, never a verdict. Agent
+    conversations (ingest messages): --template judge-agent-step scores each turn 0-10 (judge_score).
     """
     from stepkit.prompts import load_template
     from stepkit.stages.judge import JudgeStage
@@ -34,12 +35,13 @@ def command(inp, out, **kw):
     if cfg.votes > 1 and kw["temperature"] == 0:
         raise click.UsageError("--votes > 1 needs --temperature > 0 (greedy replies would all be the same)")
     tmpl = load_template(cfg.template) if cfg.template else None
+    mode = cfg.mode or "first-error"
     if tmpl is not None and tmpl.mode is None:
         raise click.UsageError(f"--template {cfg.template} has no 'mode' key; a judge template says which mode it "
-                               f"is for (add 'mode: {cfg.mode}' and its slots {{problem}}, {{steps}}, ...)")
-    if tmpl is not None and tmpl.mode != cfg.mode:
+                               f"is for (add 'mode: {mode}' and its slots {{problem}}, {{steps}}, ...)")
+    if tmpl is not None and cfg.mode is not None and tmpl.mode != cfg.mode:
         raise click.UsageError(f"--template {cfg.template} is for mode {tmpl.mode!r}; pass --mode "
-                               f"{tmpl.mode or 'first-error'} or a template with 'mode: {cfg.mode}'")
+                               f"{tmpl.mode} (or no --mode) or a template with 'mode: {cfg.mode}'")
     stage = JudgeStage(cfg, engine_spec(kw), sampling(kw, cfg.stop), tmpl)
     run(stage, inp, out, kw, "judge")
 
@@ -74,7 +76,8 @@ def _step_columns(row):
 
 def _step_cells(row, s):
     ok = row["judge_label"][s]
-    return [f"{'ok' if ok else 'WRONG'} ({row['judge_correct_votes'][s]}/{row['judge_valid_votes']} say ok)"], None
+    score = f", score {row['judge_score'][s]:.1f}" if row.get("judge_score") else ""
+    return [f"{'ok' if ok else 'WRONG'} ({row['judge_correct_votes'][s]}/{row['judge_valid_votes']} say ok{score})"], None
 
 
 def _footer(row, console):

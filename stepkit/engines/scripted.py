@@ -63,13 +63,20 @@ def echo_policy(prompt: str, j: int, n: int) -> str:
 
 
 _PARAGRAPH = re.compile(r"<paragraph_(\d+)>")
+_TURN = re.compile(r"<turn_(\d+)>")
 
 
 def judge_policy(prompt: str, j: int, n: int) -> str:
     """A stand-in judge: sample ``j`` of a prompt with M tagged paragraphs names paragraph
     ``(j % (M + 1)) - 1`` as the first error (sample 0 says -1), in the format the prompt asks for
-    (per-step lines when it mentions "Paragraph k: correct", else ``\\boxed{}``)."""
+    (per-step lines when it mentions "Paragraph k: correct", ``Turn k: score S`` lines of 8 before the
+    error and 2 from it for the scored agent template (turns tagged ``<turn_k>``), else ``\\boxed{}``)."""
     m = len(set(_PARAGRAPH.findall(prompt)))
+    if 'of the form "Turn k: score S"' in prompt:  # the scored agent template: 8 before the error, 2 from it
+        m = len(set(_TURN.findall(prompt)))
+        first = (j % (m + 1)) - 1
+        return "Scored each turn.\n" + "\n".join(f"Turn {k}: score {8 if first == -1 or k < first else 2}"
+                                                  for k in range(m))
     first = (j % (m + 1)) - 1
     if "Paragraph k: correct" in prompt:
         lines = [f"Paragraph {k}: {'correct' if first == -1 or k < first else 'incorrect'}" for k in range(m)]

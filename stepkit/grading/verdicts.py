@@ -212,6 +212,55 @@ def parse_step_verdicts(text: str, n_steps: int) -> list[bool]:
     return [last[k] for k in range(n_steps)]
 
 
+_TURN_HEAD = re.compile(r"(?:[0-9]{1,3}[.)][ \t]+)?[*_]*turn[ \t_]?([0-9]{1,4})(?![0-9])", re.IGNORECASE)
+_SCORE = re.compile(r"(?:score[ \t]*(?:of|is|=|:)?[ \t]*)?[*_]*([0-9]{1,2}(?:\.[0-9]+)?)[*_]*(?:[ \t]*/[ \t]*10)?"
+                    r"(?![0-9.]*[0-9])", re.IGNORECASE)
+
+
+def parse_step_scores(text: str, n_steps: int, scale: float = 10.0) -> list[float]:
+    """Per-turn scores of a scored per-step reply: lines ``Turn k: score S`` with ``0 <= S <= scale``
+    (also ``Turn k: S``, ``Turn k: S/10``; markdown bold and list numbers allowed), the format of the
+    ``judge-agent-step`` template (WebSTAR / StepRM-style 0-10 turn scores). A turn stated more than
+    once counts with its last statement (the reply's final verdict). Each line is examined up to 300
+    characters.
+
+    Args:
+        text: the judge's reply.
+        n_steps: M >= 1 turns.
+        scale: the top of the score range.
+
+    Returns:
+        M scores (floats in [0, scale]), turn 0 first.
+
+    Raises:
+        VerdictParseError: no score line; a score outside [0, scale]; a score for a turn that does not
+            exist; or scores for fewer than M turns (never read as a verdict).
+    """
+    found: dict[int, float] = {}
+    for line in text.splitlines():
+        line = line[:_LINE_CAP].lstrip(_LEAD)
+        head = _TURN_HEAD.match(line)
+        if head is None or (len(head.group(1)) > 1 and head.group(1).startswith("0")):
+            continue
+        rest = line[head.end():].lstrip(_SEP)
+        m = _SCORE.match(rest)
+        if m is None:
+            continue
+        k, score = int(head.group(1)), float(m.group(1))
+        if not 0 <= score <= scale:
+            raise VerdictParseError(f"score {m.group(1)} for turn {k} is outside 0..{scale:g}")
+        found[k] = score
+    if not found:
+        raise VerdictParseError("no verdict: no 'Turn k: score S' line")
+    extra = sorted(k for k in found if k >= n_steps)
+    if extra:
+        raise VerdictParseError(f"score for turn {extra[0]} but the conversation has {n_steps} turns")
+    if len(found) != n_steps:
+        missing = [k for k in range(n_steps) if k not in found]
+        raise VerdictParseError(f"scores for {len(found)} of {n_steps} turns (missing turn {missing[0]})")
+    return [found[k] for k in range(n_steps)]
+
+
 def first_error_of(labels: list[bool | None]) -> int | None:
     """Index of the first False in ``labels``, -1 when all are True, None when a null comes first."""
     for i, ok in enumerate(labels):

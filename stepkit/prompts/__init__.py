@@ -62,13 +62,16 @@ def fill(text: str, values: dict[str, str]) -> str:
 class PromptTemplate:
     """A chat prompt: optional system message, user message with ``{problem}`` (and other) slots.
 
-    ``mode`` is set for judge templates (``first-error`` or ``per-step``: the reply format asked for).
+    ``mode`` is set for judge templates (``first-error``, ``per-step`` or ``per-step-score``: the reply
+    format asked for); ``step_tag`` names the tags around the steps (default ``paragraph``; the agent
+    template's ``turn``, whose observations are tagged ``observation``).
     """
 
     version: str
     user: str
     system: str | None = None
     mode: str | None = None
+    step_tag: str | None = None
 
     def messages(self, problem: str, **values: str) -> list[dict[str, str]]:
         """Chat messages for ``problem`` and the other slot ``values`` (system message when set, then
@@ -80,8 +83,9 @@ class PromptTemplate:
     def hash(self) -> str:
         """Short stable hash of the template (recorded in manifests)."""
         doc = asdict(self)
-        if doc["mode"] is None:  # continuation templates hash as they did before judge modes existed
-            del doc["mode"]
+        for key in ("mode", "step_tag"):  # templates hash as they did before these keys existed
+            if doc[key] is None:
+                del doc[key]
         return config_hash(doc)
 
 
@@ -103,13 +107,24 @@ def render_continuation(engine, problem: str, steps: list[str], separator: str, 
 
 # --- judge templates ----------------------------------------------------------------------------------
 
-JUDGE_MODES = ("first-error", "per-step")
+JUDGE_MODES = ("first-error", "per-step", "per-step-score")
 _JUDGE_SLOTS = ("problem", "steps")
 
 
+def template_file(name: str | Path) -> Path:
+    """The file of a template argument: a built-in template's name (``judge-agent-step``: the file
+    ``stepkit/prompts/<name>.yaml``) or a path."""
+    if isinstance(name, str) and "/" not in name and not name.endswith((".yaml", ".yml")) and name.strip():
+        builtin = Path(__file__).with_name(f"{name}.yaml")
+        if builtin.is_file():
+            return builtin
+    return Path(name)
+
+
 def load_template(path: str | Path) -> PromptTemplate:
-    """Read a prompt template from a YAML file with keys ``version``, ``user``, optional ``system`` and
-    ``mode`` (judge templates: ``first-error`` or ``per-step``).
+    """Read a prompt template from a YAML file (or a built-in template by name, :func:`template_file`)
+    with keys ``version``, ``user``, optional ``system``, ``mode`` (judge templates: ``first-error``,
+    ``per-step`` or ``per-step-score``) and ``step_tag`` (judge templates: the step tag name).
 
     Judge templates must use the ``{problem}`` and ``{steps}`` slots (``{steps}``: the steps tagged as
     numbered paragraphs); ``{n_steps}`` and ``{last_index}`` are also filled.
@@ -117,7 +132,7 @@ def load_template(path: str | Path) -> PromptTemplate:
     Raises:
         ConfigError: unreadable file, missing key, unknown mode, or a judge template without its slots.
     """
-    path = Path(path)
+    path = template_file(path)
     doc = _read_yaml(path)
     if not isinstance(doc, dict):
         raise ConfigError(f"{path}: a template is a mapping with version, user, system, mode")
@@ -126,7 +141,7 @@ def load_template(path: str | Path) -> PromptTemplate:
             raise ConfigError(f"{path}: key {key!r} must be a non-empty string")
     if doc.get("system") is not None and not isinstance(doc["system"], str):
         raise ConfigError(f"{path}: key 'system' must be a string")
-    unknown = set(doc) - {"version", "user", "system", "mode"}
+    unknown = set(doc) - {"version", "user", "system", "mode", "step_tag"}
     if unknown:
         raise ConfigError(f"{path}: unknown key(s) {', '.join(sorted(unknown))}")
     mode = doc.get("mode")
@@ -136,17 +151,22 @@ def load_template(path: str | Path) -> PromptTemplate:
         for slot in _JUDGE_SLOTS:
             if "{" + slot + "}" not in doc["user"] + (doc.get("system") or ""):
                 raise ConfigError(f"{path}: a judge template needs the {{{slot}}} slot")
-    return PromptTemplate(version=doc["version"], user=doc["user"], system=doc.get("system"), mode=mode)
+    tag = doc.get("step_tag")
+    if tag is not None and (not isinstance(tag, str) or not re.fullmatch(r"[a-z][a-z_]*", tag)):
+        raise ConfigError(f"{path}: step_tag must be a lowercase word such as turn, got {tag!r}")
+    return PromptTemplate(version=doc["version"], user=doc["user"], system=doc.get("system"), mode=mode,
+                          step_tag=tag)
 
 
 def judge_template(mode: str) -> PromptTemplate:
     """The built-in judge template of ``mode`` (``stepkit/prompts/judge-<mode>.yaml``)."""
     if mode not in JUDGE_MODES:
         raise ConfigError(f"judge mode must be one of {', '.join(JUDGE_MODES)}, got {mode!r}")
-    return load_template(Path(__file__).with_name(f"judge-{mode}.yaml"))
+    name = "judge-agent-step" if mode == "per-step-score" else f"judge-{mode}"  # the one scored template
+    return load_template(Path(__file__).with_name(f"{name}.yaml"))
 
 
-def tag_steps(steps: list[str]) -> str:
+def tag_steps(steps: list[str], observations: list[str] | None = None, tag: str = "paragraph") -> str:
     """Steps as numbered paragraphs for a judge prompt (ProcessBench's critic format)::
 
         <paragraph_0>
@@ -155,13 +175,24 @@ def tag_steps(steps: list[str]) -> str:
 
         <paragraph_1>
         ...
+
+    With ``observations`` (agent turns, :mod:`stepkit.conversations`), each non-empty one follows its
+    step as ``<observation_k> ... </observation_k>``.
     """
-    return "\n\n".join(f"<paragraph_{i}>\n{s.strip()}\n</paragraph_{i}>" for i, s in enumerate(steps))
+    out = []
+    for i, s in enumerate(steps):
+        out.append(f"<{tag}_{i}>\n{s.strip()}\n</{tag}_{i}>")
+        if observations and observations[i]:
+            out.append(f"<observation_{i}>\n{observations[i].strip()}\n</observation_{i}>")
+    return "\n\n".join(out)
 
 
-def render_judge(engine, template: PromptTemplate, problem: str, steps: list[str]) -> str:
-    """The rendered judge prompt (chat template with the generation prompt) for one solution."""
-    return engine.render_chat(template.messages(problem, steps=tag_steps(steps), n_steps=str(len(steps)),
+def render_judge(engine, template: PromptTemplate, problem: str, steps: list[str],
+                 observations: list[str] | None = None) -> str:
+    """The rendered judge prompt (chat template with the generation prompt) for one solution, or one
+    conversation's turns with their ``observations``."""
+    tagged = tag_steps(steps, observations, template.step_tag or "paragraph")
+    return engine.render_chat(template.messages(problem, steps=tagged, n_steps=str(len(steps)),
                                                 last_index=str(len(steps) - 1)))
 
 

@@ -17,13 +17,19 @@ trajectories shard (the first row of each problem without an upstream error, in 
   off by ``max_tokens``, is a parse failure: recorded, sampled again up to ``retries`` times on the engine's
   async path, and never read as an empty list;
 * ``from_reference``: no model; one clue per GSM8K calculator annotation ``<<a=b>>`` of the
-  ``reference_solution`` column (:func:`stepkit.grading.clues.reference_clues`), which ``ingest`` keeps.
+  ``reference_solution`` column (:func:`stepkit.grading.clues.reference_clues`), which ``ingest`` keeps;
+* ``from_actions``: no model; agent conversations (``ingest messages``): a *value* clue per identifier
+  argument of each state-changing gold call (``reference_actions``) and a *call* clue per such call
+  (:func:`stepkit.grading.actions.action_clues`; ``clue_kinds`` says which). A task with no
+  state-changing gold call has no clues (status ``ok``): any state-changing call then contradicts.
 
-The last clue is always the reference answer (appended when the list does not end with it).
+The last clue of a math problem is always the reference answer (appended when the list does not end with
+it).
 Columns: ``clue_texts`` (list<string>), ``clue_values`` (list<string>: the value as written, null when not
 numeric), ``clue_depends`` (list<list<int32>>: earlier clue indices), ``clue_status`` (``ok``,
 ``parse_failure``, ``no_reference``: with ``from_reference``, no reference solution or no computation in it),
-``clue_parse_failures`` (int32), ``clue_parse_error`` (the last failure), ``clue_replies`` (list<string>).
+``clue_parse_failures`` (int32), ``clue_parse_error`` (the last failure), ``clue_replies`` (list<string>),
+``clue_kinds`` (list<string>, ``call``/``value``; null for math clues).
 
 ``clue score`` (:class:`ClueScoreStage`), per trajectory row, with the clue shard as a side input joined by
 ``problem_id``. A numeric clue is *established* by a step that states or computes its value, compared
@@ -47,6 +53,12 @@ The first-error rule (``clue_first_error``, 0-based, -1 none), exactly:
    contradicts the answer clue); else -1. A deviation in a trajectory that reaches the answer is an
    alternative route, not an error. This rule was fixed on one seeded half of ProcessBench gsm8k
    (``bench/clue_processbench.py``).
+
+Agent turns (clue rows with ``clue_kinds``; the trajectory rows need ``step_messages`` from ``ingest
+messages``) follow :func:`stepkit.grading.actions.match_turns` instead: a turn earns the value clues its
+observation first holds and the gold calls it makes; a state-changing call that is no gold call
+contradicts; a conversation that misses a gold call contradicts at its last turn. ``clue_coverage`` counts
+the clues not already given by the prompt.
 
 A step *contradicts* a clue when it is the first deviating step of a trajectory that does not reach the
 answer (its number stands where the next clue not yet established should be) or it is the last step of
@@ -78,6 +90,7 @@ import pyarrow as pa
 
 from stepkit.engines.base import EngineSpec, Request, SamplingConfig
 from stepkit.errors import ConfigError, InputError, RowError
+from stepkit.grading.actions import KINDS, READ_ONLY_TOOLS, action_clues, match_turns
 from stepkit.grading.answers import strip_calculator_annotations
 from stepkit.grading.clues import Clue, claim_holds, number_value, problem_numbers, read_step, reference_clues
 from stepkit.grading.verdicts import VerdictParseError, parse_first_error
@@ -87,7 +100,8 @@ from stepkit.runner import EngineStage, SideInput
 from stepkit.schema import CLUE_RECOVER_FIELDS, CLUE_SCORE_FIELDS, check_steps, check_values, extend_schema
 
 # The problem columns a clue row keeps (whichever the input has).
-PROBLEM_COLUMNS = ("problem_id", "source", "prompt", "reference_answer", "reference_steps", "reference_solution")
+PROBLEM_COLUMNS = ("problem_id", "source", "prompt", "reference_answer", "reference_steps", "reference_solution",
+                   "reference_actions")
 MATCH_MODES = ("numeric", "llm", "both")
 _RETRY_SEED_STRIDE = 1_000_003
 _CLUE_LINE = re.compile(r"^[ \t*#>-]*CLUE[ \t]+(\d+)[ \t]*[:.)][ \t]*(.+?)[ \t]*$", re.IGNORECASE | re.MULTILINE)
@@ -175,6 +189,9 @@ class ClueRecoverConfig(Config):
 
     from_reference: bool = opt(False, "No model: clues from the reference solution's GSM8K <<a=b>> annotations "
                                "(the reference_solution column).")
+    from_actions: bool = opt(False, "No model: agent clues from the gold tool calls (reference_actions, from "
+                             "`ingest messages`): each state-changing call and the identifiers it needs.")
+    read_only_tools: str = opt(READ_ONLY_TOOLS, "--from-actions: regex of tool names that change no state.")
     retries: int = opt(2, "Extra samples for a reply that fails to parse (none at temperature 0).", min=0, max=100)
     template: str | None = opt(None, "Recovery prompt template (YAML) [default: stepkit/prompts/clue-recover.yaml].",
                                identity=False)  # hashed below
@@ -202,8 +219,12 @@ class ClueRecoverStage(EngineStage):
 
     def __init__(self, cfg: ClueRecoverConfig, engine: EngineSpec | None, sampling: SamplingConfig | None,
                  template: PromptTemplate | None = None):
-        if engine is None and not cfg.from_reference:
-            raise ConfigError("clue recover needs --model, or --from-reference for clues from the reference solution")
+        if cfg.from_reference and cfg.from_actions:
+            raise ConfigError("--from-reference and --from-actions exclude each other (math or agent clues)")
+        if engine is None and not (cfg.from_reference or cfg.from_actions):
+            raise ConfigError("clue recover needs --model, or --from-reference for clues from the reference solution "
+                              "(or --from-actions for agent conversations)")
+        _check_pattern(cfg.read_only_tools)
         super().__init__(cfg, engine, sampling or SamplingConfig())
         from stepkit.prompts import load_template
 
@@ -211,19 +232,23 @@ class ClueRecoverStage(EngineStage):
         self._chosen: dict[Any, Any] = {}
 
     def open(self):
-        if not self.cfg.from_reference:
+        if not (self.cfg.from_reference or self.cfg.from_actions):
             super().open()
 
     def tokens_generated(self) -> int:
         return super().tokens_generated() if self.engine else 0
 
     def config(self) -> dict[str, Any]:
+        if self.cfg.from_actions:
+            return {"from_actions": True, "read_only_tools": self.cfg.read_only_tools,
+                    "rule": "stepkit.grading.actions.action_clues: value clues (identifier arguments) before each "
+                            "state-changing gold call's call clue"}
         if self.cfg.from_reference:
             return {"from_reference": True, "rule": "one clue per GSM8K <<a=b>> annotation; reference answer last"}
         return {**super().config(), "prompt_template": {"version": self.template.version, "hash": self.template.hash()}}
 
     def provenance(self) -> dict[str, Any]:
-        if self.cfg.from_reference:
+        if self.cfg.from_reference or self.cfg.from_actions:
             return {}
         return {**super().provenance(), "prompt_template": {"version": self.template.version,
                                                             "hash": self.template.hash(), "user": self.template.user}}
@@ -233,6 +258,9 @@ class ClueRecoverStage(EngineStage):
         return extend_schema(pa.schema(keep, metadata=input_schema.metadata), CLUE_RECOVER_FIELDS)
 
     def check_schema(self, schema, path):
+        if self.cfg.from_actions and "reference_actions" not in schema.names:
+            raise InputError(path, "missing column: --from-actions reads the gold tool calls kept by `stepkit "
+                                   "ingest messages`", column="reference_actions")
         if self.cfg.from_reference and "reference_solution" not in schema.names:
             raise InputError(path, "missing column: --from-reference reads the GSM8K annotations kept by "
                                    "`stepkit ingest gsm8k` (or gsm8k-solutions, processbench)", column="reference_solution")
@@ -275,6 +303,10 @@ class ClueRecoverStage(EngineStage):
             out.append(row)
         counters["problems"] = len(out)
         todo = [r for r in out if not r["error"]]
+        if self.cfg.from_actions:
+            for r in todo:
+                self._from_actions(r, counters)
+            return out, counters
         for r in todo:
             if not r.get("reference_answer"):
                 r["error"] = RowError(self.name, "no reference_answer (clues are recovered backward from it)")
@@ -297,6 +329,24 @@ class ClueRecoverStage(EngineStage):
             if r["error"]:
                 r.update({f.name: None for f in CLUE_RECOVER_FIELDS})
         return out, counters
+
+    def _from_actions(self, r, counters) -> None:
+        actions = r.get("reference_actions")
+        if actions is None:
+            r["error"] = RowError(self.name, "no reference_actions (agent clues are backtracked from them)")
+            r.update({f.name: None for f in CLUE_RECOVER_FIELDS})
+            return
+        try:
+            clues = action_clues(actions, self.cfg.read_only_tools)
+        except ValueError as e:
+            r["error"] = RowError(self.name, f"reference_actions: {e}")
+            r.update({f.name: None for f in CLUE_RECOVER_FIELDS})
+            return
+        r.update(clue_texts=[c.text for c in clues], clue_values=[c.value for c in clues],
+                 clue_depends=[list(c.depends_on) for c in clues], clue_kinds=[c.kind for c in clues],
+                 clue_status="ok", clue_parse_failures=0, clue_replies=[])
+        counters["clues"] += len(clues)
+        counters["no_actions"] = counters.get("no_actions", 0) + (not clues)
 
     async def _recover_all(self, rows, counters):
         async def recover(r):
@@ -351,6 +401,19 @@ class ClueScoreConfig(Config):
     retries: int = opt(2, "LLM verdicts: extra samples for a reply that fails to parse.", min=0, max=100)
     template: str | None = opt(None, "LLM verdict template (YAML) [default: stepkit/prompts/clue-verify.yaml].",
                                identity=False)
+    read_only_tools: str = opt(READ_ONLY_TOOLS, "Agent clues: regex of tool names that change no state (their "
+                               "calls never contradict).")
+
+    def __post_init__(self):
+        super().__post_init__()
+        _check_pattern(self.read_only_tools)
+
+
+def _check_pattern(pattern: str) -> None:
+    try:
+        re.compile(pattern)
+    except re.error as e:
+        raise ConfigError(f"--read-only-tools {pattern!r} is not a regular expression ({e})") from None
 
 
 CLUE_STATUSES = ("ok", "parse_failure", "no_reference")
@@ -359,7 +422,8 @@ CLUE_STATUSES = ("ok", "parse_failure", "no_reference")
 def check_clue_rows(rows: list[dict], path: Path, first_row: int) -> None:
     """A ``clue recover`` shard's rows, as ``clue score`` joins them: a known ``clue_status``; on an
     ``ok`` row, non-empty ``clue_texts`` (strings), ``clue_values`` (a number as text, or null) and
-    ``clue_depends`` (indices of earlier clues) of one length.
+    ``clue_depends`` (indices of earlier clues) of one length. Agent clues (``clue_kinds`` a list of
+    ``call``/``value``, as long) have a non-empty string value each and may be an empty list.
 
     Raises:
         InputError: the first bad cell, naming file, row and column.
@@ -374,13 +438,25 @@ def check_clue_rows(rows: list[dict], path: Path, first_row: int) -> None:
         if status != "ok":
             continue
         texts, values, deps = r.get("clue_texts"), r.get("clue_values"), r.get("clue_depends")
-        if not isinstance(texts, list) or not texts or any(not isinstance(t, str) or not t.strip() for t in texts):
+        kinds = r.get("clue_kinds")
+        if not isinstance(texts, list) or (not texts and kinds is None) or any(
+                not isinstance(t, str) or not t.strip() for t in texts):
             raise InputError(path, "an ok row needs a non-empty list of clue texts", row=i, column="clue_texts")
-        for col, v in (("clue_values", values), ("clue_depends", deps)):
+        for col, v in (("clue_values", values), ("clue_depends", deps)) + ((("clue_kinds", kinds),) if kinds
+                                                                          is not None else ()):
             if not isinstance(v, list) or len(v) != len(texts):
                 raise InputError(path, f"{'no list' if not isinstance(v, list) else f'{len(v)} entries'} for "
                                        f"{len(texts)} clue texts", row=i, column=col)
+        for k, kind in enumerate(kinds or []):
+            if kind not in KINDS:
+                raise InputError(path, f"clue {k}: kind {kind!r} is not one of {', '.join(KINDS)}", row=i,
+                                 column="clue_kinds")
+            if not isinstance(values[k], str) or not values[k]:
+                raise InputError(path, f"clue {k}: an agent clue needs its value (the call or identifier)", row=i,
+                                 column="clue_values")
         for k, v in enumerate(values):
+            if kinds is not None:
+                break
             if v is not None and (not isinstance(v, str) or not re.search(r"\d", v)):
                 raise InputError(path, f"clue {k}: {v!r:.40} is not a number written as text (or null)", row=i,
                                  column="clue_values")
@@ -419,7 +495,7 @@ class ClueScoreStage(EngineStage):
 
     name = "clue-score"
     required_columns = ("id", "problem_id", "prompt", "steps")
-    optional_columns = ("final_answer",)
+    optional_columns = ("final_answer", "step_messages", "step_observations")
     default_chunk_size = 64
     grades_answers = True
 
@@ -459,7 +535,7 @@ class ClueScoreStage(EngineStage):
     def side_inputs(self):
         return {"clues": SideInput(Path(self.cfg.clues), key="problem_id",
                                    columns=("clue_texts", "clue_values", "clue_depends", "clue_status", "error"),
-                                   check=check_clue_rows)}
+                                   optional=("clue_kinds",), check=check_clue_rows)}
 
     def output_schema(self, input_schema):
         return extend_schema(input_schema, CLUE_SCORE_FIELDS)
@@ -487,6 +563,10 @@ class ClueScoreStage(EngineStage):
                 counters["no_clues"] += 1
                 continue
             todo.append(r)
+        agents = [r for r in todo if r["_clues"].get("clue_kinds") is not None]
+        for r in agents:
+            self._score_turns(r, counters)
+        todo = [r for r in todo if r["_clues"].get("clue_kinds") is None]
         reads = {id(r): [read_step(s) for s in r["steps"]] for r in todo}
         found = self._numeric_matches(todo, reads)
         verdicts = self._llm_verdicts(todo, counters)
@@ -500,6 +580,27 @@ class ClueScoreStage(EngineStage):
             counters["false_claims"] += sum(r["clue_false_claims"])
             counters["first_errors"] += r["clue_first_error"] >= 0
         return out, counters
+
+    def _score_turns(self, r, counters) -> None:
+        """Agent clues on a conversation's turns (:func:`stepkit.grading.actions.match_turns`)."""
+        side = r["_clues"]
+        if not isinstance(r.get("step_messages"), list) or len(r["step_messages"]) != len(r["steps"]):
+            r["error"] = RowError(self.name, "agent clues (clue_kinds) need the row's step_messages, one per step: "
+                                             "score conversations from `stepkit ingest messages`")
+            return
+        try:
+            m = match_turns(side["clue_kinds"], side["clue_values"], r["prompt"], r["step_messages"],
+                            r.get("step_observations") or [""] * len(r["steps"]), self.cfg.read_only_tools)
+        except ValueError as e:
+            r["error"] = RowError(self.name, f"step_messages: {e}")
+            return
+        n = len(r["steps"])
+        checked = [c for c, f in enumerate(m.first) if f is not None]
+        r.update(score_row(n, m.hits, [0] * n, m.contradicted, len(checked), self.cfg))
+        r.update(clue_verdicts=m.first, clue_status="ok", clue_verdict_failures=0)
+        counters["rows_scored"] += 1
+        counters["clue_hits"] += sum(len(h) for h in m.hits)
+        counters["first_errors"] += r["clue_first_error"] >= 0
 
     def _numeric(self, r) -> list[int]:
         values = r["_clues"]["clue_values"]

@@ -8,6 +8,11 @@ labels alone; majority voting over sampled judgements as in self-consistency / S
   (:func:`stepkit.prompts.tag_steps`) through a versioned template from ``stepkit/prompts/``;
 * mode ``first-error`` asks for the index of the earliest wrong step (-1 if none) in ``\\boxed{}``;
   mode ``per-step`` asks for a ``Paragraph k: correct|incorrect`` line per step;
+  mode ``per-step-score`` asks for a ``Turn k: score S`` line per step, 0-10
+  (:func:`~stepkit.grading.verdicts.parse_step_scores`): the ``judge-agent-step`` template for agent turns
+  (WebSTAR / StepRM-style: above 5 only for an action that fully makes sense and has no strictly better
+  alternative). A step is correct when its score is above :data:`SCORE_THRESHOLD`. Rows with
+  ``step_observations`` (``ingest messages``) show each turn's observation after it;
 * ``votes`` replies are sampled per row and majority-voted (:func:`stepkit.grading.verdicts.vote_first_error`,
   :func:`~stepkit.grading.verdicts.vote_steps`); ties resolve towards the earlier error and are recorded;
 * a reply that states no verdict, a verdict count that differs from the step count, an index out of
@@ -22,6 +27,7 @@ Columns (one entry per step for the list columns):
 * ``judge_first_error`` (int32): ProcessBench convention, 0-based, -1 when no step is wrong;
 * ``judge_votes`` (list<int32>): the first-error index of each valid vote;
 * ``judge_correct_votes`` (list<int32>): per step, how many valid votes call it correct;
+* ``judge_score`` (list<float32>): mode ``per-step-score``, per step, the mean score of the valid votes;
 * ``judge_tie`` (bool), ``judge_valid_votes`` (int32), ``judge_parse_failures`` (int32, replies that
   failed to parse, retries included), ``judge_parse_error`` (the last failure's reason);
 * ``judge_replies`` (list<string>): every reply in the order received (valid or not), for inspection;
@@ -42,6 +48,7 @@ from stepkit.grading.verdicts import (
     first_error_of,
     labels_from_first_error,
     parse_first_error,
+    parse_step_scores,
     parse_step_verdicts,
     vote_first_error,
     vote_steps,
@@ -52,11 +59,14 @@ from stepkit.runner import LabelerStage
 from stepkit.schema import JUDGE_FIELDS, extend_schema
 
 _EMPTY = {f.name: None for f in JUDGE_FIELDS}
+SCORE_THRESHOLD = 5.0
+"""Mode ``per-step-score``: a step is correct when its score is above this (0-10 scale)."""
 _RETRY_SEED_STRIDE = 1_000_003
 
 
-def parse_reply(text: str, finish_reason: str, mode: str, n_steps: int, quotes: tuple[str, ...] = ()) -> list[bool]:
-    """One judge reply -> M per-step verdicts (True = correct).
+def parse_reply(text: str, finish_reason: str, mode: str, n_steps: int,
+                quotes: tuple[str, ...] = ()) -> list[bool] | list[float]:
+    """One judge reply -> M per-step verdicts (True = correct), or M scores in mode ``per-step-score``.
 
     ``quotes`` are the judged solution's own answers (:func:`solution_answers`), so a box that quotes
     them is not read as a first-error index.
@@ -68,6 +78,8 @@ def parse_reply(text: str, finish_reason: str, mode: str, n_steps: int, quotes: 
         raise VerdictParseError("reply cut off by max_tokens before its verdict")
     if mode == "first-error":
         return labels_from_first_error(parse_first_error(text, n_steps, quotes), n_steps)
+    if mode == "per-step-score":
+        return parse_step_scores(text, n_steps)
     return parse_step_verdicts(text, n_steps)
 
 
@@ -78,8 +90,13 @@ def solution_answers(row: dict) -> tuple[str, ...]:
     return tuple(boxed + ([row["final_answer"]] if row.get("final_answer") else []))
 
 
-def vote_row(mode: str, n_steps: int, votes: list[list[bool]]) -> dict[str, Any]:
-    """The voted ``judge_*`` columns of a row from its valid votes (each M booleans, V >= 1)."""
+def vote_row(mode: str, n_steps: int, votes: list[list[bool]] | list[list[float]]) -> dict[str, Any]:
+    """The voted ``judge_*`` columns of a row from its valid votes (each M booleans, or M scores in mode
+    ``per-step-score``: a score above :data:`SCORE_THRESHOLD` votes correct; V >= 1)."""
+    scores = None
+    if mode == "per-step-score":
+        scores = [sum(v[s] for v in votes) / len(votes) for s in range(n_steps)]
+        votes = [[x > SCORE_THRESHOLD for x in v] for v in votes]
     firsts = [first_error_of(v) for v in votes]
     if mode == "first-error":
         first, tie = vote_first_error(firsts)
@@ -90,7 +107,7 @@ def vote_row(mode: str, n_steps: int, votes: list[list[bool]]) -> dict[str, Any]
         first, tie = first_error_of(labels), any(ties)
     return {"judge_label": labels, "judge_first_error": first, "judge_votes": firsts,
             "judge_correct_votes": correct, "judge_tie": tie, "judge_valid_votes": len(votes),
-            "judge_status": "ok"}
+            "judge_status": "ok", "judge_score": scores}
 
 
 @dataclass(frozen=True)
@@ -101,13 +118,15 @@ class JudgeConfig(Config):
         ConfigError: an unknown mode, votes < 1 or retries < 0.
     """
 
-    mode: str = opt("first-error", "first-error: index of the earliest wrong step (ProcessBench critic); "
-                    "per-step: a verdict per step.", choices=JUDGE_MODES)
+    mode: str | None = opt(None, "first-error: index of the earliest wrong step (ProcessBench critic); "
+                           "per-step: a verdict per step; per-step-score: a 0-10 score per step "
+                           "[default: the --template's mode, else first-error].", choices=JUDGE_MODES)
     votes: int = opt(1, "Replies sampled per row and majority-voted (needs --temperature > 0 when > 1).",
                      short="-v", min=1, max=1024)
     retries: int = opt(2, "Extra sampling rounds for replies that fail to parse (none at temperature 0).", min=0,
                        max=100)
-    template: str | None = opt(None, "Judge prompt template (YAML: version, mode, user, system) "
+    template: str | None = opt(None, "Judge prompt template: a YAML file (version, mode, user, system) or a "
+                               "built-in one by name (judge-agent-step: 0-10 per agent turn) "
                                "[default: stepkit/prompts/judge-<mode>.yaml].", identity=False)  # hashed below
     stop: tuple[str, ...] = opt((), "Stop string(s) for judge replies.", identity=False)  # in sampling
 
@@ -135,14 +154,18 @@ class JudgeStage(LabelerStage):
     def __init__(self, cfg: JudgeConfig, engine: EngineSpec, sampling: SamplingConfig,
                  template: PromptTemplate | None = None):
         super().__init__(cfg, engine, sampling)
-        template = template or (load_template(cfg.template) if cfg.template else judge_template(cfg.mode))
-        if template.mode != cfg.mode:
-            raise ConfigError(f"template {template.version!r} is for mode {template.mode!r}, not {cfg.mode!r}")
-        self.mode, self.votes, self.retries, self.template = cfg.mode, cfg.votes, cfg.retries, template
+        if template is None and cfg.template:
+            template = load_template(cfg.template)
+        mode = cfg.mode or (template.mode if template is not None else None) or "first-error"
+        template = template or judge_template(mode)
+        if template.mode != mode:
+            raise ConfigError(f"template {template.version!r} is for mode {template.mode!r}, not {mode!r}")
+        self.mode, self.votes, self.retries, self.template = mode, cfg.votes, cfg.retries, template
 
     # -- runner interface -------------------------------------------------------------------------
     def config(self) -> dict[str, Any]:
-        return {**super().config(), "prompt_template": {"version": self.template.version, "hash": self.template.hash()}}
+        return {**super().config(), "mode": self.mode,
+                "prompt_template": {"version": self.template.version, "hash": self.template.hash()}}
 
     def output_schema(self, input_schema):
         return extend_schema(input_schema, JUDGE_FIELDS)
@@ -160,8 +183,9 @@ class JudgeStage(LabelerStage):
         counters = {"replies": 0, "parse_failures": 0, "retry_replies": 0, "parse_failure_rows": 0, "ties": 0}
         out = [{**row, **_EMPTY} for row in rows]
         todo = [r for r in out if not r.get("error")]
-        prompts = {id(r): render_judge(self.engine, self.template, r["prompt"], r["steps"]) for r in todo}
-        valid: dict[int, list[list[bool]]] = {id(r): [] for r in todo}
+        prompts = {id(r): render_judge(self.engine, self.template, r["prompt"], r["steps"], r.get("step_observations"))
+                   for r in todo}
+        valid: dict[int, list] = {id(r): [] for r in todo}
         quotes = {id(r): solution_answers(r) for r in todo}
         for r in todo:
             r.update(judge_replies=[], judge_parse_failures=0)

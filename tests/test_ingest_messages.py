@@ -1,0 +1,158 @@
+"""``ingest messages`` on τ-bench's real airline conversations: counts, an exact round trip to the source
+messages, the documented rendering, and one-line errors for each kind of malformed conversation."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pyarrow.parquet as pq
+import pytest
+
+from stepkit.conversations import SEPARATOR, render_prefix, render_turn, row_messages, turn_actions
+from stepkit.errors import ConfigError, InputError
+from stepkit.grading.verify import checker_settings
+from stepkit.stages.ingest import IngestOptions, ingest
+from tests.conftest import DATA, run_cli
+
+TAU = DATA / "tau-bench" / "gpt-4o-airline.json"
+
+
+@pytest.fixture(scope="module")
+def tau():
+    return json.loads(TAU.read_text())
+
+
+@pytest.fixture(scope="module")
+def all_rows(tmp_path_factory, checker):
+    out = tmp_path_factory.mktemp("tau") / "tau.parquet"
+    manifest = ingest("messages", TAU, out, IngestOptions(), checker, checker_settings())
+    return pq.read_table(out).to_pylist(), manifest
+
+
+def test_counts_on_all_200_conversations(all_rows, tau):
+    rows, manifest = all_rows
+    assert manifest["counts"] == {"rows": 200, "turns": 2454, "tool_calls": 1164, "successes": 84,
+                                  "gold_actions": 632}
+    assert sum(len(r["steps"]) for r in rows) == sum(m["role"] == "assistant" for c in tau for m in c["traj"])
+    assert sum(r["outcome_correct"] for r in rows) == sum(c["reward"] == 1.0 for c in tau) == 84
+
+
+def test_every_row_round_trips_to_its_messages(all_rows, tau):
+    rows, _ = all_rows
+    assert [r["id"] for r in rows] == [f"{c['task_id']}-{c['trial']}" for c in tau]
+    for r, c in zip(rows, tau):
+        assert row_messages(r) == c["traj"]
+        assert r["problem_id"] == str(c["task_id"])
+        assert r["source_reward"] == c["reward"]
+        assert len(r["step_observations"]) == len(r["step_messages"]) == len(r["steps"])
+        gold = [json.dumps({"name": a["name"], "arguments": a["kwargs"]}, sort_keys=True, separators=(",", ":"))
+                for a in c["info"]["task"]["actions"]]
+        assert [json.loads(a) for a in r["reference_actions"]] == [json.loads(g) for g in gold]
+
+
+def test_rendering_is_the_documented_one(all_rows, tau):
+    rows, _ = all_rows
+    r, c = rows[0], tau[0]
+    assert r["step_separator"] == SEPARATOR
+    assert r["prompt"] == f"System: {c['traj'][0]['content']}\n\nUser: {c['traj'][1]['content']}"
+    assert r["steps"][0] == c["traj"][2]["content"]
+    assert r["step_observations"][0] == f"User: {c['traj'][3]['content']}"
+    call = next(i for i, m in enumerate(c["traj"]) if m.get("tool_calls"))
+    k = sum(m["role"] == "assistant" for m in c["traj"][:call])
+    fn = c["traj"][call]["tool_calls"][0]["function"]
+    assert r["steps"][k] == ("<tool_call>\n" + json.dumps({"name": fn["name"], "arguments": json.loads(fn["arguments"])})
+                             + "\n</tool_call>")
+    assert r["step_observations"][k].startswith(f"Tool ({fn['name']}): ")
+    assert turn_actions(r["step_messages"][k])[0] == json.dumps(
+        {"arguments": json.loads(fn["arguments"]), "name": fn["name"]}, sort_keys=True, separators=(",", ":"))
+    prefix = render_prefix(r["prompt"], r["steps"], r["step_observations"], 2)
+    assert prefix == SEPARATOR.join([r["prompt"], r["steps"][0], r["step_observations"][0], r["steps"][1],
+                                     r["step_observations"][1], r["steps"][2]])
+    # a turn with text and a call renders both, text first
+    both = next(m for c in tau for m in c["traj"] if m["role"] == "assistant" and m.get("content") and m.get("tool_calls"))
+    assert render_turn(both).startswith(both["content"] + "\n<tool_call>\n")
+
+
+def test_jsonl_input_and_column_flags(tmp_path, tau, checker):
+    src = tmp_path / "conv.jsonl"
+    recs = [{"conv_id": f"c{i}", "task": {"ok": bool(c["reward"])}, "messages": c["traj"],
+             "gold": [{"name": a["name"], "arguments": json.dumps(a["kwargs"])} for a in c["info"]["task"]["actions"]]}
+            for i, c in enumerate(tau[:3])]
+    src.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    out = tmp_path / "o.parquet"
+    ingest("messages", src, out, IngestOptions(id_col="conv_id", outcome_col="task.ok", gold_col="gold"), checker,
+           checker_settings())
+    rows = pq.read_table(out).to_pylist()
+    assert [r["id"] for r in rows] == ["c0", "c1", "c2"]
+    assert [r["outcome_correct"] for r in rows] == [bool(c["reward"]) for c in tau[:3]]
+    assert [len(r["reference_actions"]) for r in rows] == [len(c["info"]["task"]["actions"]) for c in tau[:3]]
+    # a reward of 0.5 with --success-threshold 0.5 is a success; with the default 1.0 it is not
+    recs[0]["score"] = 0.5
+    src.write_text("".join(json.dumps(r) + "\n" for r in recs[:1]))
+    for threshold, want in ((0.5, True), (1.0, False)):
+        ingest("messages", src, out, IngestOptions(outcome_col="score", success_threshold=threshold), checker,
+               checker_settings())
+        assert pq.read_table(out).to_pylist()[0]["outcome_correct"] is want
+
+
+def _bad(tau, edit):
+    conv = copy.deepcopy(tau[0])
+    edit(conv["traj"])
+    return conv
+
+
+def _call_index(traj):
+    return next(i for i, m in enumerate(traj) if m.get("tool_calls"))
+
+
+BAD = {
+    "unknown role": (lambda t: t[3].update(role="customer"), "traj[3]", "unknown role 'customer'"),
+    "no matching call id": (lambda t: t[_call_index(t) + 1].update(tool_call_id="call_nope"), "traj[{call1}]",
+                            "tool result for call id 'call_nope'"),
+    "arguments not JSON": (lambda t: t[_call_index(t)]["tool_calls"][0]["function"].update(arguments='{"user_id": '),
+                           "traj[{call}]", "arguments are not JSON"),
+    "arguments a list": (lambda t: t[_call_index(t)]["tool_calls"][0]["function"].update(arguments="[1]"),
+                         "traj[{call}]", "a JSON list, not an object"),
+    "content a number": (lambda t: t[1].update(content=5), "traj[1]", "content is a int"),
+    "no assistant turn": (lambda t: t.__setitem__(slice(2, None), []), "traj", "no assistant message"),
+    "tool result answered twice": (lambda t: t.insert(_call_index(t) + 2, dict(t[_call_index(t) + 1])),
+                                   "traj[{call2}]", "no earlier assistant call left unanswered"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(BAD))
+def test_malformed_conversation_is_one_line_naming_conversation_and_message(tmp_path, tau, kind):
+    edit, column, text = BAD[kind]
+    call = _call_index(tau[0]["traj"])
+    column = column.format(call=call, call1=call + 1, call2=call + 2)
+    src = tmp_path / "bad.json"
+    src.write_text(json.dumps([tau[1], _bad(tau, edit)]))
+    out = tmp_path / "o.parquet"
+    res = run_cli("ingest", "messages", str(src), str(out), check=False)
+    assert res.returncode == 1 and res.stdout == ""
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1, res.stderr
+    assert lines[0].startswith(f"error: {src}: row 1, column '{column}': "), lines[0]
+    assert text in lines[0]
+    assert not out.exists()
+
+
+def test_other_bad_records(tmp_path, tau, checker):
+    src = tmp_path / "bad.json"
+    cases = [
+        ([{**tau[0], "reward": "yes"}], "row 0, column 'reward': the outcome must be a number"),
+        ([{k: v for k, v in tau[0].items() if k != "traj"}], "row 0, column 'messages': missing"),
+        ([tau[0], tau[0]], "row 1: id '0-0' was already given to row 0"),
+        ([{**tau[0], "info": {"task": {"actions": [{"name": "x", "kwargs": "[1"}]}}}],
+         "row 0, column 'info.task.actions': action 0: tool call x: arguments are not JSON"),
+        ([[1, 2]], "row 0: expected an object, found list"),
+    ]
+    for data, want in cases:
+        src.write_text(json.dumps(data))
+        with pytest.raises(InputError) as e:
+            ingest("messages", src, tmp_path / "o.parquet", IngestOptions(), checker, checker_settings())
+        assert want in str(e.value), str(e.value)
+    with pytest.raises(ConfigError, match="--success-threshold applies only to format messages"):
+        ingest("jsonl", src, tmp_path / "o.parquet", IngestOptions(success_threshold=0.5), checker,
+               checker_settings())
