@@ -1,6 +1,7 @@
-"""Agent turns against the real vLLM engine (CPU) with the bundled model: ``judge --template
-judge-agent-step`` on the three shortest τ-bench conversations. SmolLM2-135M is a weak judge, so this
-checks the contract: every row ends with a score per turn or a recorded parse failure."""
+"""Agent turns against the real vLLM engine (CPU) with the bundled model, on the three shortest τ-bench
+conversations: ``judge --template judge-agent-step`` (SmolLM2-135M is a weak judge, so this checks the
+contract: every row ends with a score per turn or a recorded parse failure) and ``likelihood-label --target
+gold-action`` (the log-probability of the final gold call after each turn)."""
 
 from __future__ import annotations
 
@@ -16,14 +17,20 @@ pytestmark = pytest.mark.engine
 SHORTEST = ("12-3", "44-3", "38-2")  # fewest prompt + turn + observation tokens (1,558-1,646)
 
 
-def test_judge_agent_step_real_engine(tmp_path):
+@pytest.fixture(scope="module")
+def three(tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("agent-engine")
     convs = [c for c in json.loads((DATA / "tau-bench" / "gpt-4o-airline.json").read_text())
              if f"{c['task_id']}-{c['trial']}" in SHORTEST]
     src = tmp_path / "three.json"
     src.write_text(json.dumps(convs))
     run_cli("ingest", "messages", src, tmp_path / "three.parquet")
+    return tmp_path / "three.parquet"
+
+
+def test_judge_agent_step_real_engine(three, tmp_path):
     out = tmp_path / "judged.parquet"
-    p = run_cli("judge", tmp_path / "three.parquet", out, "--model", "smollm2-135m", "--template", "judge-agent-step",
+    p = run_cli("judge", three, out, "--model", "smollm2-135m", "--template", "judge-agent-step",
                 "--max-model-len", 4096, "--max-tokens", 256, "--temperature", 0, "--no-progress")
     rows = pq.read_table(out).to_pylist()
     assert sorted(r["id"] for r in rows) == sorted(SHORTEST)
@@ -37,3 +44,21 @@ def test_judge_agent_step_real_engine(tmp_path):
         else:
             assert r["judge_score"] is None and r["judge_label"] is None and r["judge_parse_error"]
     assert "parse failure rows" in p.stderr
+
+
+def test_likelihood_gold_action_real_engine(three, tmp_path):
+    out = tmp_path / "lh.parquet"
+    run_cli("likelihood-label", three, out, "--model", "smollm2-135m", "--target", "gold-action", "--no-progress")
+    rows = pq.read_table(out).to_pylist()
+    assert sum(r["lh_status"] == "ok" for r in rows) >= 2
+    for r in rows:
+        assert r["error"] is None
+        if not r["reference_actions"]:  # a task with no gold call has nothing to score
+            assert r["lh_status"] == "no_answer" and r["lh_value"] is None
+            continue
+        assert r["lh_status"] == "ok"
+        n = len(r["steps"])
+        assert len(r["lh_value"]) == len(r["lh_gain"]) == len(r["lh_label"]) == n
+        assert all(v < 0 for v in [r["lh_value_start"], *r["lh_value"]])  # log-probabilities of the gold call
+        assert sum(r["lh_gain"]) == pytest.approx(r["lh_value"][-1] - r["lh_value_start"], abs=1e-2)
+        assert r["lh_answer_tokens"] > 10 and -1 <= r["lh_first_error"] < n

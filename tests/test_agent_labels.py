@@ -202,3 +202,48 @@ def test_from_actions_bad_input(tmp_path):
     p = run_cli("clue", "recover", gsm, tmp_path / "c.parquet", "--from-actions", "--model", "m", check=False)
     assert p.returncode == 2 and "--from-actions uses no model" in p.stderr
     assert READ_ONLY_TOOLS.startswith("^")
+
+
+# ---- likelihood-label on turns (IGPO's information gain of the final gold action) ------------------------
+
+def test_gold_action_answer_and_agent_scaffold_text():
+    from stepkit.prompts import load_answer_scaffold
+    from stepkit.stages.likelihood import gold_action_answer
+
+    get = canonical_action("get_reservation_details", {"reservation_id": "ZFA04Y"})
+    cancel = canonical_action("cancel_reservation", {"reservation_id": "ZFA04Y"})
+    assert gold_action_answer([cancel, get]) == '{"name": "cancel_reservation", "arguments": {"reservation_id": "ZFA04Y"}}'
+    assert gold_action_answer([get]) == '{"name": "get_reservation_details", "arguments": {"reservation_id": "ZFA04Y"}}'
+    assert gold_action_answer([]) is None and gold_action_answer(None) is None
+    sc = load_answer_scaffold("likelihood-agent")
+    text, (a, b) = sc.answer_text("CHAT", ["t0", "t1", "t2"], "\n\n", 2, "ANS", ["o0", "", "o2"])
+    assert text == "CHATt0\n\no0\n\nt1\n\n<tool_call>\nANS\n</tool_call>"
+    assert text[a:b] == "ANS\n</tool_call>"
+
+
+def test_likelihood_gold_action_scripted(tau_shard):
+    small = tau_shard / "tau3.parquet"
+    run_cli("ingest", "messages", TAU, small, "--limit", 3)
+    out = tau_shard / "lh.parquet"
+    run_cli("likelihood-label", small, out, "--engine", "scripted", "--model", "scripted", "--target", "gold-action",
+            "--no-progress")
+    rows = pq.read_table(out).to_pylist()
+    from stepkit.shards import read_manifest
+
+    m = read_manifest(out)
+    assert m["config"]["target"] == "gold-action" and m["config"]["answer_scaffold"]["version"] == "likelihood-agent-v1"
+    for r in rows:
+        assert r["lh_status"] == "ok" and len(r["lh_gain"]) == len(r["steps"])
+        assert sum(r["lh_gain"]) == pytest.approx(r["lh_value"][-1] - r["lh_value_start"], abs=1e-3)
+    # The scripted scorer gives a token seen earlier in the text -0.5, a new one -3.0: the value of the gold
+    # call rises exactly at the turns whose text or observation first shows its tokens (the user id, ...).
+    r0 = rows[0]
+    assert max(r0["lh_gain"]) > 0 and min(r0["lh_gain"]) >= 0
+    p = run_cli("likelihood-label", small, tau_shard / "x.parquet", "--engine", "scripted", "--model", "scripted",
+                "--target", "gold-action", "--method", "implicit-prm", "--reference-model", "scripted", check=False)
+    assert p.returncode != 0 and "--target gold-action is for --method answer-gain" in p.stderr
+    gsm = tau_shard / "g.parquet"
+    run_cli("ingest", "gsm8k-solutions", DATA / "gsm8k" / "example_model_solutions.jsonl", gsm, "--limit", 1)
+    p = run_cli("likelihood-label", gsm, tau_shard / "y.parquet", "--engine", "scripted", "--model", "scripted",
+                "--target", "gold-action", check=False)
+    assert p.returncode == 1 and "reference_actions" in p.stderr

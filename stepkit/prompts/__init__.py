@@ -243,9 +243,16 @@ class AnswerScaffold:
         msgs = [{"role": "system", "content": fill(self.system, {"problem": problem})}] if self.system else []
         return engine.render_chat(msgs + [{"role": "user", "content": fill(self.user, {"problem": problem})}])
 
-    def answer_text(self, chat: str, steps: list[str], separator: str, i: int, answer: str) -> tuple[str, tuple[int, int]]:
-        """``(text, (start, end))``: the scored text of prefix ``steps[:i]`` and the answer's character span."""
-        head = chat + render_prefix(steps, separator, i) + self.answer_prefix
+    def answer_text(self, chat: str, steps: list[str], separator: str, i: int, answer: str,
+                    observations: list[str] | None = None) -> tuple[str, tuple[int, int]]:
+        """``(text, (start, end))``: the scored text of prefix ``steps[:i]`` and the answer's character span.
+        With ``observations`` (agent turns), each of the ``i`` turns is followed by its non-empty observation
+        and ``separator``."""
+        if observations is None:
+            prefix = render_prefix(steps, separator, i)
+        else:
+            prefix = "".join(s + separator + (o + separator if o else "") for s, o in zip(steps[:i], observations))
+        head = chat + prefix + self.answer_prefix
         target = fill(self.answer, {"answer": answer})
         return head + target, (len(head), len(head) + len(target))
 
@@ -261,7 +268,7 @@ def load_answer_scaffold(path: str | Path | None = None) -> AnswerScaffold:
     Raises:
         ConfigError: unreadable file, a missing or non-string key, an unknown key, or a missing slot.
     """
-    path = Path(path) if path is not None else Path(__file__).with_name("likelihood-answer.yaml")
+    path = template_file(path) if path is not None else Path(__file__).with_name("likelihood-answer.yaml")
     doc = _read_yaml(path)
     keys = ("version", "user", "answer_prefix", "answer")
     if not isinstance(doc, dict):

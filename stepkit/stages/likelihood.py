@@ -7,6 +7,12 @@ Methods:
   is the summed log-probability (nats) of the reference answer after it, in a versioned answer scaffold
   (:class:`stepkit.prompts.AnswerScaffold`: ``chat(problem) + steps[:i] + "The answer is" + " <gold>."``; the
   closing ``.`` is scored too). A step's reward is how much it raises that value.
+* ``answer-gain --target gold-action``, agent conversations (``ingest messages``; IGPO, "Information Gain-based
+  Policy Optimization", the gain of a turn in the log-probability of the ground truth): the answer is the
+  task's last state-changing gold tool call (``reference_actions``, :data:`stepkit.grading.actions.READ_ONLY_TOOLS`
+  says which change nothing; none: the last gold call) rendered as a turn renders it, in the scaffold
+  ``stepkit/prompts/likelihood-agent.yaml``; the prefix after turn i holds the turns and observations up to
+  and including turn i's observation (what the turn obtained).
 * ``implicit-prm`` ("Free Process Rewards without Process Labels", Yuan et al. 2024; PRIME): the reward of
   step i is ``beta * sum over its tokens of (log pi(t) - log pi_ref(t))`` for a policy ``pi`` (``--model``)
   and its reference ``pi_ref`` (``--reference-model``), and ``q_i`` its running sum (ImplicitPRM's
@@ -55,6 +61,7 @@ from stepkit.runner import LabelerStage
 from stepkit.schema import LH_FIELDS, extend_schema
 
 METHODS = ("answer-gain", "implicit-prm")
+TARGETS = ("answer", "gold-action")
 DEFAULT_THRESHOLD = {"answer-gain": -7.5, "implicit-prm": 0.0}
 """nats. answer-gain's default is the threshold calibrated on the tuning half of ProcessBench gsm8k with the
 bundled model (-7.54, rounded; ``bench/likelihood_processbench.py``): the 135M model's gains are noisy, so
@@ -89,6 +96,9 @@ class LikelihoodConfig(Config):
                                 "that maximises ProcessBench F1 on it (recorded in the manifest).",
                                 identity=False)  # enters the identity as its threshold and hash
     calibrate_col: str = opt("reference_first_error", "--calibrate: the gold first-error column.", identity=False)
+    target: str = opt("answer", "answer-gain: answer (reference_answer) or gold-action (agent conversations from "
+                      "`ingest messages`: the last state-changing gold tool call; scaffold likelihood-agent).",
+                      choices=TARGETS)
 
     def __post_init__(self):
         super().__post_init__()
@@ -102,6 +112,30 @@ class LikelihoodConfig(Config):
             raise ConfigError("--beta is for --method implicit-prm")
         if not self.calibrate and self.calibrate_col != "reference_first_error":
             raise ConfigError("--calibrate-col is for --calibrate")
+        if self.target != "answer" and self.method != "answer-gain":
+            raise ConfigError("--target gold-action is for --method answer-gain")
+
+
+def gold_action_answer(actions: list[str] | None) -> str | None:
+    """The answer of ``--target gold-action``: the last state-changing gold call (else the last gold call)
+    of a row's ``reference_actions``, rendered as a turn renders a call (``{"name", "arguments"}``, the
+    canonical key order); None when the row has no gold action.
+
+    Raises:
+        ValueError: an action that is not canonical ``{"arguments", "name"}`` JSON.
+    """
+    import json
+
+    from stepkit.grading.actions import read_only
+
+    calls = [json.loads(a) for a in actions or []]
+    if any(not isinstance(c, dict) or "name" not in c or "arguments" not in c for c in calls):
+        raise ValueError("reference_actions entries are {\"arguments\": ..., \"name\": ...} JSON")
+    changing = [c for c in calls if not read_only(c["name"])]
+    last = (changing or calls or [None])[-1]
+    if last is None:
+        return None
+    return json.dumps({"name": last["name"], "arguments": last["arguments"]}, ensure_ascii=False)
 
 
 def first_error(signal: list[float], fallback: list[float], outcome_correct: bool | None, threshold: float) -> int:
@@ -259,7 +293,11 @@ class LikelihoodStage(LabelerStage):
     def __init__(self, cfg: LikelihoodConfig, engine: EngineSpec, sampling: SamplingConfig,
                  scaffold: AnswerScaffold | None = None, reference: EngineSpec | None = None):
         super().__init__(cfg, engine, sampling)
-        self.scaffold = scaffold or load_answer_scaffold(cfg.template)
+        agent = cfg.target == "gold-action"
+        self.scaffold = scaffold or load_answer_scaffold(cfg.template or ("likelihood-agent" if agent else None))
+        if agent:
+            self.required_columns = tuple(c for c in self.required_columns if c != "reference_answer") + (
+                "reference_actions", "step_observations")
         self.reference_spec = None
         if cfg.method == "implicit-prm":
             self.reference_spec = reference or EngineSpec(engine.name, cfg.reference_model, engine.seed,
@@ -280,6 +318,8 @@ class LikelihoodStage(LabelerStage):
                                "answer_scaffold": {"version": self.scaffold.version, "hash": self.scaffold.hash()}}
         if self.reference_spec is not None:
             doc.update(beta=self.cfg.beta, reference_model=self.reference_spec.identity())
+        if self.cfg.target != "answer":
+            doc["target"] = self.cfg.target
         return doc
 
     def config(self) -> dict[str, Any]:
@@ -355,8 +395,16 @@ class LikelihoodStage(LabelerStage):
         engine = self.engine
         plan = []  # (row, first request index)
         requests: list[ScoreRequest] = []
+        agent = self.cfg.target == "gold-action"
         for r in rows:
-            answer = r.get("reference_answer")
+            if agent:
+                try:
+                    answer = gold_action_answer(r.get("reference_actions"))
+                except ValueError as e:
+                    r["error"] = RowError(self.name, str(e))
+                    continue
+            else:
+                answer = r.get("reference_answer")
             if answer is None or not str(answer).strip():
                 r["lh_status"] = "no_answer"
                 counters["no_answer"] += 1
@@ -364,7 +412,8 @@ class LikelihoodStage(LabelerStage):
             chat = self.scaffold.chat(engine, r["prompt"])
             plan.append((r, len(requests)))
             for i in range(len(r["steps"]) + 1):
-                text, span = self.scaffold.answer_text(chat, r["steps"], r["step_separator"], i, str(answer).strip())
+                text, span = self.scaffold.answer_text(chat, r["steps"], r["step_separator"], i, str(answer).strip(),
+                                                       r.get("step_observations") if agent else None)
                 requests.append(ScoreRequest(text, (span,)))
         # The text after all the steps first: every shorter prefix of the row then reads it from the prefix
         # cache (engines that have one), so a row costs about one full prefill plus a tail per step.
