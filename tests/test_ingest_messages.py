@@ -156,3 +156,70 @@ def test_other_bad_records(tmp_path, tau, checker):
     with pytest.raises(ConfigError, match="--success-threshold applies only to format messages"):
         ingest("jsonl", src, tmp_path / "o.parquet", IngestOptions(success_threshold=0.5), checker,
                checker_settings())
+
+
+# ---- fuzz: faults put into a real conversation ---------------------------------------------------------
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from stepkit.errors import StepkitError  # noqa: E402
+
+_SCALARS = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), st.text(max_size=8),
+                     st.sampled_from(["", "{", "{}", "[]", '{"a": 1}', "\x00", "\u202e", "null", "assistant", "tool"]))
+_JSON = st.recursive(_SCALARS, lambda inner: st.one_of(st.lists(inner, max_size=3),
+                                                       st.dictionaries(st.text(max_size=5), inner, max_size=3)),
+                     max_leaves=6)
+_KEYS = ["role", "content", "tool_calls", "tool_call_id", "name"]
+
+
+@st.composite
+def faults(draw, n_messages):
+    kind = draw(st.sampled_from(["set", "delete", "replace", "insert", "arguments", "fn_name", "messages"]))
+    i = draw(st.integers(0, n_messages - 1))
+    return kind, i, draw(st.sampled_from(_KEYS)), draw(_JSON)
+
+
+def _apply(conv, fault):
+    kind, i, key, value = fault
+    traj = conv["traj"]
+    calls = [k for k, m in enumerate(traj) if m.get("tool_calls")]
+    if kind == "set":
+        traj[i][key] = value
+    elif kind == "delete":
+        traj[i].pop(key, None)
+    elif kind == "replace":
+        traj[i] = value
+    elif kind == "insert":
+        traj.insert(i, value if isinstance(value, dict) else {"role": "user", "content": value})
+    elif kind == "arguments" and calls:
+        traj[calls[i % len(calls)]]["tool_calls"][0]["function"]["arguments"] = value
+    elif kind == "fn_name" and calls:
+        traj[calls[i % len(calls)]]["tool_calls"][0]["function"]["name"] = value
+    elif kind == "messages":
+        conv["traj"] = value
+
+
+@settings(max_examples=30, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(data=st.data())
+def test_ingest_messages_fuzz(tmp_path, tau, checker, data):
+    """A fault put into conversation 1 of two real ones: ingest succeeds and every row gives back its
+    (faulted) messages, or it fails in one line naming the file and row 1; never another exception,
+    never a shard left behind."""
+    conv = copy.deepcopy(tau[7])
+    fault = data.draw(faults(len(conv["traj"])))
+    _apply(conv, fault)
+    src, out = tmp_path / "f.json", tmp_path / "f.parquet"
+    out.unlink(missing_ok=True)
+    src.write_text(json.dumps([tau[2], conv]))
+    try:
+        ingest("messages", src, out, IngestOptions(), checker, checker_settings())
+    except StepkitError as e:
+        msg = str(e)
+        assert "\n" not in msg and msg.startswith(f"{src}: row 1"), msg
+        assert not out.exists()
+        return
+    rows = pq.read_table(out).to_pylist()
+    assert [row_messages(r) for r in rows] == [tau[2]["traj"], conv["traj"]]
+    for r in rows:
+        assert len(r["steps"]) == len(r["step_observations"]) == len(r["step_messages"]) >= 1
