@@ -86,7 +86,7 @@ def test_truncate_after_first_error_cuts_whole_turns(tau, tmp_path):
     for r, orig, k in zip(kept, before, FIRST_ERRORS):
         n = len(orig["steps"])
         want = n if k == -1 else k + 1
-        msgs = check_prefix(r, orig, want)
+        check_prefix(r, orig, want)
         assert (r["filter_steps_before"], r["filter_kept_steps"]) == (n, want)
         assert r["judge_label"][-1] is (k == -1)  # the wrong turn is kept, and is the last
         if k not in (-1, n - 1):
