@@ -166,6 +166,11 @@ def test_rows_not_from_ingest_messages_and_bad_conversations_are_one_line(labell
     orphan[0][3] = json.dumps(entry)
     bad_cases.append((orphan, r"row 0, column 'step_messages': not a valid conversation: message 9: tool result "
                               r"for call id 'call_nobody_made'"))
+    named = [list(s) for s in steps]
+    entry = json.loads(named[0][2])  # turn 2 of row 0 and its tool result, message 7
+    entry[1]["name"] = 5
+    named[0][2] = json.dumps(entry)
+    bad_cases.append((named, r"row 0, column 'step_messages': message 7: name is a int, not a string"))
     short = [list(s) for s in steps]
     short[4].pop()
     bad_cases.append((short, r"row 4, column 'step_messages': 11 entries for 12 steps"))

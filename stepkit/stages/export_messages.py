@@ -68,6 +68,12 @@ def check_schema(schema: pa.Schema, path: Path) -> None:
             raise InputError(path, f"missing column: {NEEDS} (has: {', '.join(schema.names)})", column=c)
 
 
+def _text(value, what: str):
+    if value is not None and not isinstance(value, str):
+        raise ConversationError(f"{what} is a {type(value).__name__}, not a string")
+    return value
+
+
 def _call(c: dict, dropped: Counter) -> dict:
     fn = c["function"]
     args = fn.get("arguments")
@@ -75,17 +81,22 @@ def _call(c: dict, dropped: Counter) -> dict:
         args = json.dumps(args, ensure_ascii=False)
     dropped.update(f"tool_calls.{k}" for k, v in c.items() if k not in ("id", "type", "function") and v is not None)
     dropped.update(f"tool_calls.function.{k}" for k, v in fn.items() if k not in ("name", "arguments") and v is not None)
-    return {"id": c.get("id"), "type": c.get("type"), "function": {"name": fn.get("name"), "arguments": args}}
+    return {"id": c.get("id"), "type": _text(c.get("type"), "a tool call's type"),
+            "function": {"name": fn.get("name"), "arguments": args}}
 
 
 def export_message(m: dict, dropped: Counter) -> dict:
     """One message of a checked conversation (:func:`stepkit.conversations.parse_conversation`) as the fixed
-    struct of the module docstring; adds the non-null keys it leaves out to ``dropped``."""
+    struct of the module docstring; adds the non-null keys it leaves out to ``dropped``.
+
+    Raises:
+        ConversationError: a ``name`` or a tool call's ``type`` that is not a string (the struct's field is).
+    """
     calls = m.get("tool_calls")
     dropped.update(k for k, v in m.items() if k not in MESSAGE_KEYS and v is not None)
     return {"role": m["role"], "content": None if m.get("content") is None else message_text(m),
             "tool_calls": None if calls is None else [_call(c, dropped) for c in calls],
-            "tool_call_id": m.get("tool_call_id"), "name": m.get("name")}
+            "tool_call_id": m.get("tool_call_id"), "name": _text(m.get("name"), "name")}
 
 
 def _json_list(text, path: Path, i: int, column: str) -> list:
@@ -103,7 +114,7 @@ def conversation(row: dict, path: Path, i: int) -> tuple[list[dict], list[int]]:
 
     Raises:
         InputError: a null or malformed ``prompt_messages`` / ``step_messages``, a ``step_messages`` entry
-            that is not one assistant message followed by its observation, as many entries as steps, or a
+            that is not one assistant message followed by its observation, not as many entries as steps, or a
             conversation that is not valid (:func:`stepkit.conversations.parse_conversation`).
     """
     for c in COLUMNS:
@@ -139,8 +150,15 @@ def record(row: dict, labels: list, values: list | None, soft: bool, path: Path,
         InputError: as :func:`conversation`.
     """
     msgs, turns = conversation(row, path, i)
-    rec = {"id": row["id"], "problem_id": row.get("problem_id"), "messages": [export_message(m, dropped) for m in msgs],
-           "labels": labels, "turn_index": turns}
+    out = []
+    for k, m in enumerate(msgs):
+        try:
+            out.append(export_message(m, dropped))
+        except ConversationError as e:
+            raise InputError(path, f"message {k}: {e}", row=i, column="step_messages" if k >= turns[0] else
+                             "prompt_messages") from None
+    rec = {"id": row["id"], "problem_id": row.get("problem_id"), "messages": out, "labels": labels,
+           "turn_index": turns}
     if values is not None and not soft:
         rec["soft_labels"] = values
     return {**rec, "outcome_correct": row.get("outcome_correct"), "reward": row.get("source_reward")}
