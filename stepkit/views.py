@@ -3,10 +3,15 @@
 This module draws what every shard has (rows, steps, outcomes, errors, the step table); each stage adds
 its own part through a :class:`StageView` declared beside its command (``stepkit/cli/<stage>.py``), so
 adding a stage touches no branch here (``docs/architecture.md``, "Adding a stage").
+
+A row of ``ingest messages`` (a tool-calling conversation, :mod:`stepkit.conversations`) is shown as the
+conversation: each message with its role, each turn's tool calls (name and arguments) and its labels,
+tool results and system messages clipped; ``stats`` adds turns, tool calls and per-turn label figures.
 """
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -16,6 +21,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from stepkit.conversations import ConversationError, message_text, tool_calls
 from stepkit.errors import InputError
 from stepkit.schema import error_reason
 from stepkit.shards import list_shards, mixed_configuration, read_manifest, read_rows
@@ -101,6 +107,8 @@ def print_stats(shard, views: list[StageView] = (), console: Console | None = No
     t.add_row("rows with error", str(sum(errors.values())))
     console.print(t)
 
+    if any(r.get("step_messages") is not None for r in rows):
+        _conversation_stats(shard, rows, console, figs)
     shards = list_shards(shard)
     for view in views:
         if view.stats and any(view.marker in r for r in rows):
@@ -131,16 +139,20 @@ def _text(x) -> str:
 
 
 def print_row(shard, row_id: str | None = None, index: int | None = None, status: str | None = None,
-              views: list[StageView] = (), console: Console | None = None) -> dict:
+              views: list[StageView] = (), console: Console | None = None, clip: int = 300) -> dict:
     """Print one trajectory: its header, each step with the columns every stage in ``views`` adds
-    (MC counts, value and label colored by value; the judge's verdict and votes), then each stage's
-    footer (the last judge reply). Text from the shard is shown as written, never read as markup.
+    (MC counts, value and label colored by value; the judge's verdict and votes) and every other per-step
+    label or score column (:func:`label_columns`), then each stage's footer (the last judge reply). A
+    conversation (a row with ``step_messages``) is printed message by message instead of as a step table:
+    roles, each turn's tool calls and labels, tool results and system messages cut to ``clip`` characters
+    (0: whole) with their length. Text from the shard is shown as written, never read as markup.
 
     Picks the row with id ``row_id``, else the ``index``-th row, else the first row (of those whose
     status column of some stage is ``status``, when given).
 
     Raises:
-        InputError: no row with that id / index / status.
+        InputError: no row with that id / index / status; a ``step_messages`` entry that is not a JSON
+            list of messages.
     """
     console = console or make_console()
     if row_id is not None and index is not None:
@@ -177,7 +189,9 @@ def print_row(shard, row_id: str | None = None, index: int | None = None, status
     head.append("correct" if oc else "incorrect" if oc is not None else "ungraded",
                 style="green" if oc else "red" if oc is not None else "dim")
     console.print(head)
-    console.print(Text(row.get("prompt") or "", style="italic"))
+    conversation = row.get("step_messages") is not None
+    if not conversation:
+        console.print(Text(row.get("prompt") or "", style="italic"))
     if row.get("reference_first_error") is not None:
         console.print(Text(f"human first error {row['reference_first_error']}"))
     present = [v for v in views if v.marker in row]
@@ -185,22 +199,39 @@ def print_row(shard, row_id: str | None = None, index: int | None = None, status
         line = view.header(row) if view.header else None
         if line:
             console.print(Text(line))
-    t = Table(show_lines=False)
-    t.add_column("#", justify="right")
-    t.add_column("step")
     cols = {id(v): (v.step_columns(row) if v.step_columns else []) for v in present}
-    for v in present:
-        for title, justify in cols[id(v)]:
-            t.add_column(title, justify=justify)
-    for s, step in enumerate(row.get("steps") or []):
-        cells, style = [str(s), Text(step)], None
+    extra = label_columns(row, present)
+
+    def step_cells(s: int) -> tuple[list[tuple[str, str]], str | None]:
+        """(title, cell) of every label column at step ``s``, and the views' style for the step."""
+        cells, style = [], None
         for v in present:
             if cols[id(v)]:
                 more, st = v.step_cells(row, s)
-                cells += [Text(str(c)) for c in more]
+                cells += [(title, str(c)) for (title, _), c in zip(cols[id(v)], more)]
                 style = st or style
-        t.add_row(*cells, style=style)
-    console.print(t)
+        for c in extra:
+            x = row[c][s]
+            cells.append((c, "-" if x is None else ("ok" if x else "WRONG") if isinstance(x, bool) else f"{x:.3f}"))
+            if x is False:
+                style = style or "red"
+        return cells, style
+
+    if conversation:
+        _print_conversation(shard, row, step_cells, console, clip)
+    else:
+        t = Table(show_lines=False)
+        t.add_column("#", justify="right")
+        t.add_column("step")
+        for v in present:
+            for title, justify in cols[id(v)]:
+                t.add_column(title, justify=justify)
+        for c in extra:
+            t.add_column(c, justify="right")
+        for s, step in enumerate(row.get("steps") or []):
+            cells, style = step_cells(s)
+            t.add_row(str(s), Text(step), *(Text(c) for _, c in cells), style=style)
+        console.print(t)
     for view in present:
         if view.footer:
             view.footer(row, console)
@@ -209,3 +240,151 @@ def print_row(shard, row_id: str | None = None, index: int | None = None, status
         line.append(str(row["error"]))
         console.print(line)
     return row
+
+
+# ------------------------------------------------------------------------------------------ conversations
+
+LABEL_SUFFIXES = ("_label", "_labels", "_value", "_values", "_score", "_scores")
+_STRUCTURE = {"steps", "step_observations", "step_messages"}
+
+
+def _is_label_list(v, n: int) -> bool:
+    return isinstance(v, list) and len(v) == n and any(x is not None for x in v) and \
+        all(x is None or isinstance(x, (bool, float)) for x in v)
+
+
+def label_columns(row: dict, views: list[StageView] = ()) -> list[str]:
+    """The row's per-step label and score columns (a name ending in ``_label``/``_value``/``_score``,
+    one bool or float per step) that no view in ``views`` draws (a view draws its marker's prefix,
+    ``mc_`` for ``mc_value``): ``reference_labels``, a column added by hand, your own ``--step-column``."""
+    n = len(row.get("steps") or [])
+    claimed = {v.marker.split("_")[0] for v in views}
+    return [c for c, v in row.items() if c not in _STRUCTURE and c.endswith(LABEL_SUFFIXES)
+            and c.split("_")[0] not in claimed and _is_label_list(v, n)]
+
+
+def clip(text: str, limit: int) -> str:
+    """``text`` cut to ``limit`` characters with its length noted (``… (N chars)``); 0: whole."""
+    return text if not limit or len(text) <= limit else f"{text[:limit]}… ({len(text)} chars)"
+
+
+def _turns(shard, row: dict) -> tuple[list[dict], list[list[dict]]]:
+    """The prompt messages and each turn's messages of a conversation row (InputError when not JSON)."""
+    def parsed(text, column):
+        try:
+            v = json.loads(text)
+        except (TypeError, ValueError):
+            v = None
+        if not isinstance(v, list) or not all(isinstance(m, dict) for m in v):
+            raise InputError(shard, f"row {row.get('id')!r}: not a JSON list of messages", column=column)
+        return v
+
+    prompt = parsed(row["prompt_messages"], "prompt_messages") if row.get("prompt_messages") is not None else []
+    return prompt, [parsed(t, "step_messages") for t in row["step_messages"]]
+
+
+def _text_of(m: dict) -> str:
+    try:
+        return message_text(m)
+    except ConversationError:
+        return repr(m.get("content"))
+
+
+def _print_message(m: dict, console: Console, limit: int) -> None:
+    role = str(m.get("role"))
+    line = Text()
+    if role == "tool":
+        line.append(f"tool ({m.get('name') or m.get('tool_call_id') or '?'}): ", style="bold magenta")
+        line.append(clip(_text_of(m), limit))
+    else:
+        line.append(f"{role}:", style={"assistant": "bold cyan", "user": "bold green"}.get(role, "bold"))
+        text = _text_of(m)
+        if text:
+            line.append(" " + (clip(text, limit) if role == "system" else text))
+    console.print(line)
+    if role == "assistant":
+        try:
+            calls = tool_calls(m)
+        except ConversationError as e:
+            calls = [(f"(unreadable tool call: {e})", {})]
+        for name, args in calls:
+            call = Text("  → call ", style="cyan")
+            call.append(name, style="bold")
+            call.append(" " + clip(json.dumps(args, ensure_ascii=False), limit))
+            console.print(call)
+
+
+def _print_conversation(shard, row: dict, step_cells: Callable, console: Console, limit: int) -> None:
+    """The conversation of a row: prompt messages, then per turn a labelled rule and its messages."""
+    prompt, turns = _turns(shard, row)
+    n_calls = sum(len(t[0].get("tool_calls") or []) for t in turns if t)
+    reward = row.get("source_reward")
+    console.print(Text(f"{len(turns)} turns, {n_calls} tool calls, reward {'-' if reward is None else reward}",
+                       style="dim"))
+    for m in prompt:
+        _print_message(m, console, limit)
+    for k, msgs in enumerate(turns):
+        cells, style = step_cells(k)
+        rule = Text(f"── turn {k} ──", style=style or "bold")
+        rule.append("".join(f"  {title} {cell}" for title, cell in cells))
+        console.print(rule)
+        for m in msgs:
+            _print_message(m, console, limit)
+
+
+def _conversation_stats(shard, rows: list[dict], console: Console, figs: dict) -> None:
+    """``stats`` of conversation rows: turns, tool calls (by name), success, and per-turn labels split by
+    whether the turn calls a tool."""
+    rows = [r for r in rows if r.get("step_messages") is not None]
+    n_turns = [len(r["step_messages"]) for r in rows]
+    has_call: list[list[bool]] = []
+    names: Counter = Counter()
+    for r in rows:
+        flags = []
+        for msgs in _turns(shard, r)[1]:
+            calls = (msgs[0].get("tool_calls") or []) if msgs else []
+            names.update(str((c.get("function") or {}).get("name")) for c in calls if isinstance(c, dict))
+            flags.append(bool(calls))
+        has_call.append(flags)
+    turns, calls = sum(n_turns), sum(names.values())
+    with_call = sum(sum(f) for f in has_call)
+    graded = [r["outcome_correct"] for r in rows if r.get("outcome_correct") is not None]
+    rewards = [r["source_reward"] for r in rows if r.get("source_reward") is not None]
+    fig = {"conversations": len(rows), "turns": turns, "turns_per_conversation": turns / len(rows),
+           "tool_calls": calls, "turns_with_tool_calls": with_call,
+           "share_turns_with_tool_calls": with_call / turns if turns else None,
+           "success_rate": sum(graded) / len(graded) if graded else None,
+           "mean_reward": sum(rewards) / len(rewards) if rewards else None, "tools": dict(names.most_common())}
+    t = Table(title="conversations", show_header=False)
+    t.add_row("conversations", str(len(rows)))
+    t.add_row("turns per conversation", f"{fig['turns_per_conversation']:.1f} (min {min(n_turns)}, max "
+                                        f"{max(n_turns)}; {turns} turns)")
+    t.add_row("tool calls", f"{calls} ({calls / len(rows):.1f} per conversation)")
+    t.add_row("turns with tool calls", f"{with_call}/{turns} ({_fmt(fig['share_turns_with_tool_calls'])})")
+    t.add_row("success rate", f"{_fmt(fig['success_rate'], 3)} ({sum(graded)}/{len(graded)})")
+    if rewards:
+        t.add_row("mean reward", _fmt(fig["mean_reward"], 3))
+    if names:
+        t.add_row("tools", Text(", ".join(f"{k} {v}" for k, v in names.most_common(8))
+                                + (f", … ({len(names)} tools)" if len(names) > 8 else "")))
+    console.print(t)
+    cols = sorted({c for r in rows for c in label_columns(r)})
+    fig["turn_labels"] = {}
+    if cols:
+        lt = Table(title="labels per turn (turns with / without a tool call)")
+        for c in ("column", "turns labelled", "mean", "with tool call", "without", "rows with a false turn"):
+            lt.add_column(c, justify="left" if c == "column" else "right")
+        for c in cols:
+            pairs = [(x, f) for r, fl in zip(rows, has_call) if _is_label_list(r.get(c), len(fl))
+                     for x, f in zip(r[c], fl) if x is not None]
+            xs = [float(x) for x, _ in pairs]
+            tool, text = [float(x) for x, f in pairs if f], [float(x) for x, f in pairs if not f]
+            hard = all(isinstance(x, bool) for x, _ in pairs)
+            wrong = sum(1 for r in rows if isinstance(r.get(c), list) and any(x is False for x in r[c])) \
+                if hard else None
+            mean = lambda v: sum(v) / len(v) if v else None  # noqa: E731
+            fig["turn_labels"][c] = {"turns": len(xs), "mean": mean(xs), "with_tool_call": mean(tool),
+                                     "without_tool_call": mean(text), "rows_with_false": wrong}
+            lt.add_row(c, str(len(xs)), _fmt(mean(xs), 3), _fmt(mean(tool), 3), _fmt(mean(text), 3), _text(wrong))
+        console.print(lt)
+    figs["conversations"] = fig

@@ -26,7 +26,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "likelihood-label": ("stepkit.cli.likelihood", "Step rewards from log-probabilities (answer gain, implicit PRM); no sampling."),
     "clue": ("stepkit.cli.clue", "Answer-backtracked clues (ABSeeker): recover per problem, score each step."),
     "filter": ("stepkit.cli.filter", "Keep rows that pass rules (consensus, PROF, values, steps); cut steps."),
-    "export": ("stepkit.cli.export", "Write labelled rows as a Hub-layout dataset (TRL, Math-Shepherd, ProcessBench, DPO)."),
+    "export": ("stepkit.cli.export", "Write labelled rows as a Hub-layout dataset (TRL, Math-Shepherd, ProcessBench, messages, DPO)."),
     "publish": ("stepkit.cli.publish", "Publish an export folder to the Hugging Face Hub: card, figures, one commit."),
     "eval": ("stepkit.cli.evaluate", "Score step labels: ProcessBench F1, agreement of two labelers."),
     "stats": ("stepkit.cli.stats", "Summary of a shard: rows, steps, outcomes, each stage's figures."),

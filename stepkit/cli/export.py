@@ -23,6 +23,8 @@ def command(inp, out, force, **kw):
     --format trl           prompt, completions, labels (TRL stepwise supervision)
     --format math-shepherd input / label with ' ки' step tags and +/-, task
     --format processbench  id, generator, problem, steps, final_answer_correct, label (first error)
+    --format messages      messages (OpenAI chat, tool calls), labels (one per assistant turn), from
+                           `stepkit ingest messages` rows
     --format pairs         prompt, chosen, rejected (DPO) from an mcts-label --pairs-out shard
     """
     from rich.table import Table
@@ -47,8 +49,14 @@ def command(inp, out, force, **kw):
     t.add_row("left out: flagged by filter --flag-only", str(c.get("filtered", 0)))
     if c.get("pairs_not_preferred"):
         t.add_row("pairs whose chosen value is not above the rejected", str(c["pairs_not_preferred"]))
-    if cfg.format == "trl":
-        t.add_row("steps", str(c["steps"]))
+    if cfg.format == "messages":
+        t.add_row("messages / tool calls", f"{c.get('messages', 0)} / {c.get('tool_calls', 0)}")
+        if c.get("message_fields_dropped"):
+            keys = ", ".join(m.get("dropped_message_keys", {}))
+            click.echo(f"warning: {c['message_fields_dropped']} message field(s) not in the messages format were "
+                       f"left out: {keys}", err=True)
+    if cfg.format in ("trl", "messages"):
+        t.add_row("assistant turns" if cfg.format == "messages" else "steps", str(c["steps"]))
         t.add_row("mean soft label" if cfg.soft else "labels true / false",
                   str(c.get("mean_label", "-")) if cfg.soft else f"{c['labels_true']} / {c['labels_false']}")
     make_console(stderr=True).print(t)

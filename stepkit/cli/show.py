@@ -12,9 +12,14 @@ import click
 @click.option("--status", default=None,
               help="Only rows with this status in some stage's status column: mc_status (ok, no_signal, "
                    "ungraded), judge_status (ok, parse_failure) or mcts_status (ok, all_correct, all_wrong, ...).")
-def command(shard, row_id, index, status):
-    """Show one trajectory: each step with its MC counts, value and label, colored, and the judge's verdict."""
+@click.option("--clip", type=click.IntRange(0), default=300, show_default=True,
+              help="Conversations: characters shown of a tool result, system message or call's arguments (0: all).")
+def command(shard, row_id, index, status, clip):
+    """Show one trajectory: each step with its MC counts, value and label, colored, and the judge's verdict.
+
+    A conversation (from `ingest messages`) is shown message by message: roles, tool calls, tool results
+    and each turn's labels."""
     from stepkit.cli import stage_views
     from stepkit.views import print_row
 
-    print_row(shard, row_id, index, status, stage_views())
+    print_row(shard, row_id, index, status, stage_views(), clip=clip)

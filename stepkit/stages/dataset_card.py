@@ -103,7 +103,7 @@ def _step_labels(folder: Path, files: list[str], fmt: str) -> list[tuple[list[fl
     rows = []
     for f in files:
         t = pq.read_table(folder / f)
-        if fmt == "trl":
+        if fmt in ("trl", "messages"):  # messages: one label per assistant turn
             for labels in t.column("labels").to_pylist():
                 if not labels:
                     continue
@@ -135,7 +135,7 @@ def label_stats(folder: Path, splits: dict[str, list[str]], fmt: str) -> dict[st
                 "mean_label": None, "rows_with_error": None, "value_by_position": {}, "first_error_histogram": {},
                 "margins": margins, "mean_margin": round(sum(margins) / len(margins), 4) if margins else None}
     rows = [r for f in files for r in _step_labels(folder, [f], fmt)]
-    soft = fmt == "trl" and any(pq.read_schema(folder / f).field("labels").type.value_type != "bool" for f in files)
+    soft = fmt in ("trl", "messages") and any(pq.read_schema(folder / f).field("labels").type.value_type != "bool" for f in files)
     by_pos: dict[int, list[float]] = {}
     for v, _ in rows:
         for i, x in enumerate(v):
@@ -256,7 +256,9 @@ def render_card(folder: Path, export_manifest: dict, splits: dict[str, list[str]
     card_data = DatasetCardData(
         license=license or LICENSES.get(first_format, "unknown"),
         task_categories=["text-generation"] if fmt == "pairs" else ["text-classification"],
-        tags=["process-reward-model", "step-labels", "stepkit", {"trl": "trl", "pairs": "dpo"}.get(fmt, fmt)],
+        tags=["process-reward-model", "step-labels", "stepkit",
+              *({"trl": ["trl"], "pairs": ["dpo"], "messages": ["agent", "tool-calling", "conversational"]}
+                .get(fmt, [fmt]))],
         size_categories=size_category(n_rows),
         pretty_name=repo_id.split("/")[-1],
         configs=[{"config_name": "default",

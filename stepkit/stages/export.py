@@ -13,6 +13,9 @@ Formats (``FORMATS``), each with explicit ``datasets`` features (never inferred 
   each tag) and ``task`` (``GSM8K``/``MATH`` from ``source``, or ``--task``).
 * ``processbench`` — ProcessBench's ``id``, ``generator``, ``problem``, ``steps``,
   ``final_answer_correct`` and ``label`` (0-based first error, ``-1`` none).
+* ``messages`` — tool-calling conversations (rows of ``ingest messages``) in the OpenAI chat format with one
+  label per assistant turn: ``messages``, ``labels``, ``turn_index``, ``outcome_correct``, ``reward``
+  (:mod:`stepkit.stages.export_messages`); ``--soft`` as for ``trl``.
 * ``pairs`` — DPO preference pairs (TRL's standard preference format: ``prompt``, ``chosen``,
   ``rejected`` strings) from an ``mcts-label --pairs-out`` shard: the prompt is the problem followed by
   the shared prefix steps, ``chosen``/``rejected`` the two children's steps (each joined by newlines),
@@ -39,6 +42,7 @@ import random
 import re
 import shutil
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -62,7 +66,8 @@ from stepkit.shards import (
     write_table,
 )
 
-FORMATS = ("trl", "math-shepherd", "processbench", "pairs")
+FORMATS = ("trl", "math-shepherd", "processbench", "messages", "pairs")
+SOFT_FORMATS = ("trl", "messages")  # the formats whose labels may be soft
 MANIFEST = "stepkit.manifest.json"
 STEP_TAG = " ки"  # Math-Shepherd's step tag
 TAG_WORD = re.compile(r"(?<!\w)ки(?!\w)")  # the tag as a word (Russian words that start with ки are fine)
@@ -75,7 +80,8 @@ class ExportConfig(Config):
     format: str = opt("trl", "Output format.", choices=FORMATS)
     labels: str | None = opt(None, "Label column: step labels (list<bool>), step values (list<float>) or a "
                                    "first-error index (int). Not used by --format pairs.", metavar="COL")
-    soft: bool = opt(False, "trl: write the values of a list<float> column as soft labels (List(float32)).")
+    soft: bool = opt(False, "trl, messages: write the values of a list<float> column as soft labels "
+                            "(List(float32)).")
     threshold: float = opt(0.0, "Hard labels from a value column: value > X (0: Math-Shepherd's hard estimate).")
     on_null: str = opt("drop", "A row with null labels: drop it (counted) or stop with an error.",
                        choices=("drop", "error"))
@@ -94,8 +100,8 @@ class ExportConfig(Config):
             raise ConfigError("--format pairs takes its labels from the pairs shard: drop --labels")
         if self.format != "pairs" and self.labels is None:
             raise ConfigError(f"--format {self.format} needs --labels COL (e.g. mc_label, judge_label, mc_value)")
-        if self.soft and self.format != "trl":
-            raise ConfigError("--soft is for --format trl (the other formats have hard labels)")
+        if self.soft and self.format not in SOFT_FORMATS:
+            raise ConfigError("--soft is for --format trl or messages (the other formats have hard labels)")
         if self.test_size is not None and self.test_size >= 1 and self.test_size != int(self.test_size):
             raise ConfigError(f"--test-size {self.test_size}: a share below 1 or a whole number of problems")
 
@@ -114,6 +120,10 @@ def features_for(cfg: ExportConfig, kind: str | None = None):
         return Features(f)
     if cfg.format == "math-shepherd":
         return Features({"id": s, "input": s, "label": s, "task": s})
+    if cfg.format == "messages":
+        from stepkit.stages import export_messages
+
+        return Features(export_messages.features(cfg.soft, kind))
     if cfg.format == "processbench":
         return Features({"id": s, "generator": s, "problem": s, "steps": List(s),
                          "final_answer_correct": Value("bool"), "label": Value("int32")})
@@ -178,6 +188,7 @@ NO_LABELS = {"no_signal", "ungraded", "parse_failure"}  # stage statuses that me
 
 REQUIRED = {"trl": ("id", "prompt", "steps"), "math-shepherd": ("id", "prompt", "steps"),
             "processbench": ("id", "prompt", "steps", "outcome_correct"),
+            "messages": ("id", "prompt", "steps", "prompt_messages", "step_messages"),
             "pairs": ("prompt", "prefix_steps", "chosen", "rejected")}
 
 
@@ -187,8 +198,13 @@ class Converter:
     def __init__(self, cfg: ExportConfig):
         self.cfg = cfg
         self.kind: str | None = None
+        self.dropped_keys: Counter = Counter()  # messages: message keys left out, with how many messages had one
 
     def check_schema(self, schema: pa.Schema, path: Path) -> None:
+        if self.cfg.format == "messages":
+            from stepkit.stages.export_messages import check_schema
+
+            check_schema(schema, path)  # names what the rows must come from before any generic message
         for c in REQUIRED[self.cfg.format]:
             if c not in schema.names:
                 raise InputError(path, f"missing column for --format {self.cfg.format} "
@@ -255,6 +271,10 @@ class Converter:
         if labels is None:
             return None
         steps = list(row["steps"])
+        if f == "messages":
+            from stepkit.stages.export_messages import record
+
+            return record(row, labels, values, self.cfg.soft, path, i, self.dropped_keys)
         if f == "trl":
             rec = {"id": row["id"], "prompt": row["prompt"], "completions": steps, "labels": labels}
             if self.kind == "float" and not self.cfg.soft:
@@ -407,7 +427,11 @@ def export(in_path: str | os.PathLike, out: str | os.PathLike, cfg: ExportConfig
                     if cfg.format == "pairs" and None not in (rec["chosen_value"], rec["rejected_value"]) \
                             and rec["chosen_value"] <= rec["rejected_value"]:
                         counts["pairs_not_preferred"] = counts.get("pairs_not_preferred", 0) + 1
-                    if cfg.format == "trl":
+                    if cfg.format == "messages":
+                        counts["messages"] = counts.get("messages", 0) + len(rec["messages"])
+                        counts["tool_calls"] = counts.get("tool_calls", 0) + sum(
+                            len(m["tool_calls"] or []) for m in rec["messages"])
+                    if cfg.format in SOFT_FORMATS:
                         counts["steps"] += len(labels)
                         if cfg.soft:
                             value_sum += sum(labels)
@@ -434,6 +458,8 @@ def export(in_path: str | os.PathLike, out: str | os.PathLike, cfg: ExportConfig
         split_rows = _verify(tmp, data_files, features)
         if cfg.soft and counts["steps"]:
             counts["mean_label"] = round(value_sum / counts["steps"], 6)
+        if cfg.format == "messages":
+            counts["message_fields_dropped"] = sum(conv.dropped_keys.values())
         manifest = {
             "stage": "export", "stepkit_version": __version__,
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -442,6 +468,7 @@ def export(in_path: str | os.PathLike, out: str | os.PathLike, cfg: ExportConfig
             "splits": {s: {"rows": split_rows[s], "files": data_files[s],
                            "sha256": {f: file_sha256(tmp / f) for f in data_files[s]}} for s in splits},
             "counts": counts, "features": features.to_dict(),
+            **({"dropped_message_keys": dict(sorted(conv.dropped_keys.items()))} if cfg.format == "messages" else {}),
             "inputs": [{"path": str(p), "sha256": h, "manifest": read_manifest(p)} for p, h in zip(shards, hashes)],
         }
         write_json(tmp / MANIFEST, manifest)

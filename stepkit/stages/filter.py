@@ -36,6 +36,17 @@ is cut the same way; per-step columns must have one entry per step, which is che
 indices, outcomes) describe the row as it was labelled and are not rewritten: after
 ``keep-correct-steps`` a first-error column equals the new step count.
 
+**Conversations** (rows of ``ingest messages``, with ``step_observations`` and ``step_messages``): a step
+is an assistant turn, and a cut keeps whole turns, each with its observation, so the cut row's
+conversation (:func:`stepkit.conversations.row_messages`) is the original one up to a turn boundary and
+every tool result in it answers a call of a kept turn. ``truncate-after-first-error`` keeps the wrong turn
+and what came back from it; ``keep-correct-steps`` ends with the last correct turn's observation (the
+context the wrong turn was written in). No rule drops a middle turn, which would leave tool results that
+answer calls no longer there. To train on every correct turn, later ones included, with its full context
+(WebSTAR, He et al. 2025: step-level filtering keeps each correct step as a training target), do not cut:
+``export --format messages --labels COL`` writes the whole conversation with one label per assistant turn,
+and the trainer masks the loss of the turns labelled false.
+
 Columns (``stepkit.schema.FILTER_FIELDS``): ``filter_reason`` (null: kept; else ``unlabelled``,
 ``consensus``, ``prof``, ``min-value``, ``max-value``, ``status``, ``dedupe``, ``steps``, ``error``,
 ``no-correct-steps``), ``filter_rule`` (the rule as written), ``filter_steps_before``,
