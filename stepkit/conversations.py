@@ -128,8 +128,9 @@ def parse_conversation(messages: Any) -> Conversation:
     """Check ``messages`` and split them into prompt and turns (see the module docstring).
 
     Raises:
-        ConversationError: not a list of objects; an unknown role; content of the wrong type; a tool call
-            with no name or non-JSON arguments, or without an id; a tool result whose ``tool_call_id``
+        ConversationError: not a list of objects; an unknown role; content of the wrong type; an assistant
+            message with neither text nor a tool call; a tool call with no name or non-JSON arguments, or
+            without an id; a tool result whose ``tool_call_id``
             matches no earlier unanswered call; a tool result before the first turn; no assistant turn.
     """
     if not isinstance(messages, list):
@@ -146,7 +147,8 @@ def parse_conversation(messages: Any) -> Conversation:
         message_text(m, i)
         if role == "assistant":
             calls = m.get("tool_calls") or []
-            tool_calls(m, i)
+            if not tool_calls(m, i) and not message_text(m, i).strip():
+                raise ConversationError("assistant message with no text and no tool call (an empty turn)", i)
             for c in calls:
                 if not isinstance(c.get("id"), str) or not c["id"]:
                     raise ConversationError("tool call has no id (a tool result could not name it)", i)

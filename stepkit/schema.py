@@ -264,7 +264,13 @@ def check_column_types(schema: pa.Schema, path, names=None) -> None:
     """Raise :class:`InputError` for the first column of the shard (of ``names``, default all) that has a
     stepkit column's name (:data:`STEPKIT_FIELDS`) and a type its values cannot be read as, or that is a
     per-step column (:data:`PER_STEP_COLUMNS`) and not a list: a stage would otherwise misread it (the
-    characters of a string counted as steps) or fail on its values."""
+    characters of a string counted as steps) or fail on its values; or a column name given twice (a
+    shard written by another tool: which of the two a stage reads would be arbitrary)."""
+    seen: set[str] = set()
+    for name in schema.names:
+        if name in seen:
+            raise InputError(path, "the shard has two columns of this name; rename or drop one", column=name)
+        seen.add(name)
     for name in schema.names if names is None else [n for n in names if n in schema.names]:
         got, want = schema.field(name).type, STEPKIT_FIELDS.get(name)
         if want is not None and not _fits_type(got, want):

@@ -116,6 +116,7 @@ BAD = {
                          "traj[{call}]", "a JSON list, not an object"),
     "content a number": (lambda t: t[1].update(content=5), "traj[1]", "content is a int"),
     "no assistant turn": (lambda t: t.__setitem__(slice(2, None), []), "traj", "no assistant message"),
+    "empty turn": (lambda t: t[2].update(content=" \n"), "traj[2]", "no text and no tool call (an empty turn)"),
     "tool result answered twice": (lambda t: t.insert(_call_index(t) + 2, dict(t[_call_index(t) + 1])),
                                    "traj[{call2}]", "no earlier assistant call left unanswered"),
 }
@@ -223,3 +224,4 @@ def test_ingest_messages_fuzz(tmp_path, tau, checker, data):
     assert [row_messages(r) for r in rows] == [tau[2]["traj"], conv["traj"]]
     for r in rows:
         assert len(r["steps"]) == len(r["step_observations"]) == len(r["step_messages"]) >= 1
+        assert all(s.strip() for s in r["steps"])  # an empty step would be refused by every later stage

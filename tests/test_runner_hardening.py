@@ -299,3 +299,26 @@ def test_stats_and_eval_warn_when_a_folders_shards_mix_configurations(tmp_path):
     shown = in_process("eval", "agreement", same, "--a", "reference_first_error", "--b", "reference_first_error",
                        "--json", report)
     assert "warning" not in shown and "mixed_configuration" not in json.loads(report.read_text())
+
+
+def test_a_shard_with_two_columns_of_one_name_is_one_line(tmp_path):
+    """A shard written by another tool may repeat a column name (pyarrow allows it); which one a stage would
+    read is arbitrary, so every stage refuses it in one line (found while building export --format messages:
+    a raw KeyError before)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from tests.conftest import DATA, run_cli
+
+    src = tmp_path / "s.parquet"
+    run_cli("ingest", "gsm8k-solutions", DATA / "gsm8k" / "example_model_solutions.jsonl", src, "--limit", 1)
+    t = pq.read_table(src)
+    t = t.append_column("reference_labels", pa.array([[True]] * t.num_rows))
+    pq.write_table(t, tmp_path / "d.parquet")
+    for args in (("mc-label", "--engine", "scripted", "--model", "scripted", "-k", 2),
+                 ("filter", "--rule", "dedupe", "--flag-only")):
+        p = run_cli(args[0], tmp_path / "d.parquet", tmp_path / "o.parquet", *args[1:], check=False)
+        assert p.returncode == 1 and p.stderr.strip() == (
+            f"error: {tmp_path / 'd.parquet'}: column 'reference_labels': the shard has two columns of this name; "
+            "rename or drop one"), p.stderr
+        assert not (tmp_path / "o.parquet").exists()
