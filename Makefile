@@ -44,6 +44,12 @@ demo: model
 		--dropped out/demo/dropped.parquet --no-progress
 	$(BIN)/stepkit export out/demo/filtered.parquet out/demo/dataset --format trl --labels mc_value
 	$(BIN)/stepkit publish out/demo/dataset --dry-run --license mit
+	$(BIN)/stepkit ingest messages $(DATA)/tau-bench/gpt-4o-airline.json out/demo/tau.parquet --limit 20
+	$(BIN)/stepkit clue recover out/demo/tau.parquet out/demo/tau-clues.parquet --from-actions --no-progress
+	$(BIN)/stepkit clue score out/demo/tau.parquet out/demo/tau-scored.parquet --clues out/demo/tau-clues.parquet \
+		--no-progress
+	$(BIN)/stepkit stats out/demo/tau-scored.parquet
+	$(BIN)/stepkit export out/demo/tau-scored.parquet out/demo/tau-dataset --format messages --labels clue_label
 
 lint: setup
 	$(BIN)/ruff check stepkit tests bench
