@@ -223,3 +223,17 @@ def test_tensor_parallelism_must_fit_the_gpus_of_a_shard(shards, tmp_path):
                          SamplingConfig())
     with pytest.raises(ConfigError, match=r"^--tensor-parallel-size 2 needs 2 GPUs per shard, but --gpus-per-shard is 1$"):
         RayExecutor(gpus_per_shard=1)._check_stage(stage)
+
+
+@pytest.mark.parametrize("command", [["rollout"], ["mc-label"], ["mcts-label"], ["judge"], ["clue", "recover"],
+                                     ["clue", "score"], ["likelihood-label"]])
+def test_every_model_stage_has_the_executor_options(command):
+    from click.testing import CliRunner
+
+    from stepkit.cli import main
+
+    r = CliRunner().invoke(main, [*command, "--help"])
+    assert r.exit_code == 0, r.output
+    for flag in ("--executor [local|ray]", "--ray-address", "--cpus-per-shard", "--gpus-per-shard",
+                 "--shard-retries", "--rank R|auto"):
+        assert flag in r.output, (command, flag)
