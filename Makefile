@@ -62,6 +62,7 @@ bench: model
 	$(BIN)/python bench/bench_cpu_threads.py --data $(DATA)
 	$(BIN)/python bench/likelihood_processbench.py --data $(DATA) --work out/bench/likelihood \
 		--json out/bench/likelihood.json
+	$(BIN)/python bench/bench_ray.py --data $(DATA) --work out/bench/ray --json out/bench/ray.json
 
 clean:
 	rm -rf out .pytest_cache
