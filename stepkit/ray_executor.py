@@ -238,7 +238,9 @@ class RayExecutor(Executor):
                                    "retry_exceptions": False}
         if env:
             options["runtime_env"] = {"env_vars": env}
-        task = ray.remote(_shard_task)
+        # A GPU shard's worker exits after its task (Ray's own default for GPU functions), so the GPU memory
+        # of its engine is given back before another shard's task gets that GPU.
+        task = ray.remote(max_calls=1)(_shard_task) if self.gpus else ray.remote(_shard_task)
         board = ray.remote(num_cpus=0)(_Board).remote() if opts.progress else None
         task_opts = dataclasses.replace(opts, progress=False)  # the driver shows one view for all shards
         stage_ref = ray.put(stage)
@@ -259,7 +261,10 @@ class RayExecutor(Executor):
                         finished[str(plan.output)] = result
                         yield result
                     if board is not None:
-                        view.update(ray.get(board.snapshot.remote()), finished, len(todo))
+                        try:
+                            view.update(ray.get(board.snapshot.remote(), timeout=60), finished, len(todo))
+                        except ray.exceptions.RayError:  # its machine was lost: the view stops, not the run
+                            board = None
         finally:
             for ref in pending:  # interrupted: stop the shards still running (committed chunks are kept)
                 ray.cancel(ref, force=True)

@@ -243,6 +243,10 @@ class LabelerStage(EngineStage):
         check_values(rows, path, first_row, ("id", "prompt"), unique="id", seen=self._seen_ids)
         check_steps(rows, path, first_row)
 
+    def __getstate__(self):
+        """Pickled (sent to a Ray task) without planning's set of the last shard's ids."""
+        return {k: v for k, v in self.__dict__.items() if k != "_seen_ids"}
+
 
 @dataclass(frozen=True)
 class RunOptions(Config):

@@ -74,6 +74,7 @@ def ray_cluster():
     import logging
 
     os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # bind 127.0.0.1, not the machine's address
+    os.environ["RAY_USAGE_STATS_ENABLED"] = "0"  # (ray.init turns it off too; never any traffic out)
     import ray
 
     ctx = ray.init(num_cpus=2, object_store_memory=200 * 1024**2, include_dashboard=True,

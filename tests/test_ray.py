@@ -86,14 +86,20 @@ def test_four_shards_on_ray_equal_the_local_run(shards, reference, ray_cluster, 
 
 
 def _running_task_pid(name: str, deadline: float) -> int:
-    """The pid of the worker running the Ray task ``name`` (Ray's state API: the task, then its worker)."""
+    """The pid of the worker running the Ray task ``name`` (Ray's state API: the task, then its worker). Task
+    events reach the state API a moment late, and earlier tests ran tasks of the same name, so the worker
+    must be alive and its process title (``ray::<task name>`` while Ray runs a task) must name the task."""
     from ray.util.state import list_tasks, list_workers
 
     while time.time() < deadline:
-        tasks = list_tasks(filters=[("name", "=", name), ("state", "=", "RUNNING")])
-        if tasks:
-            (worker,) = list_workers(filters=[("worker_id", "=", tasks[0].worker_id)])
-            return worker.pid
+        for task in list_tasks(filters=[("name", "=", name), ("state", "=", "RUNNING")]):
+            for worker in list_workers(filters=[("worker_id", "=", task.worker_id)]):
+                try:
+                    title = Path(f"/proc/{worker.pid}/cmdline").read_bytes().decode(errors="replace")
+                except OSError:
+                    continue
+                if worker.is_alive and title.startswith(f"ray::{name}"):
+                    return worker.pid
         time.sleep(0.1)
     raise AssertionError(f"task {name!r} never seen running")
 
