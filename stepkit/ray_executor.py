@@ -200,7 +200,11 @@ class RayExecutor(Executor):
         if ray.is_initialized():
             yield False
             return
-        kwargs = {"logging_level": logging.ERROR, "configure_logging": True}
+        # The workers' own output (vLLM's start-up notices, from processes stepkit cannot quiet) is shown only
+        # when the engine's logs are asked for, as in a local run; otherwise it stays in Ray's log folder.
+        verbose = os.environ.get("VLLM_LOGGING_LEVEL", "ERROR").upper() in ("INFO", "DEBUG")
+        kwargs = {"logging_level": logging.INFO if verbose else logging.ERROR, "configure_logging": True,
+                  "log_to_driver": verbose}
         try:
             if self.address is None:
                 os.environ.setdefault(LOCAL_IP_ENV, "0")  # read by the Ray processes this starts
