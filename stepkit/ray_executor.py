@@ -159,6 +159,8 @@ class RayExecutor(Executor):
 
     def __init__(self, address: str | None = None, cpus_per_shard: float = 1.0, gpus_per_shard: float = 0.0,
                  max_retries: int = 3, poll_seconds: float = 0.5):
+        if address is None:  # a local instance binds 127.0.0.1 only (Ray reads this when it is first imported)
+            os.environ.setdefault(LOCAL_IP_ENV, "0")
         import_ray()  # before planning: a missing Ray is one line before any work
         self.address, self.cpus, self.gpus = address, cpus_per_shard, gpus_per_shard
         self.max_retries, self.poll = max_retries, poll_seconds
@@ -207,7 +209,6 @@ class RayExecutor(Executor):
                   "log_to_driver": verbose}
         try:
             if self.address is None:
-                os.environ.setdefault(LOCAL_IP_ENV, "0")  # read by the Ray processes this starts
                 ray.init(address="local", include_dashboard=False, **kwargs)
             else:
                 ray.init(address=self.address, **kwargs)
