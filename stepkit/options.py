@@ -54,12 +54,13 @@ class Opt:
     cli: bool = True
     metavar: str | None = None
     file: bool = False
+    words: tuple[str, ...] | None = None
 
 
 def opt(default: Any = dataclasses.MISSING, help: str = "", *, flag: str | None = None, short: str | None = None,
         choices: tuple[str, ...] | list[str] | None = None, min: float | None = None, max: float | None = None,
         min_open: bool = False, identity: bool = True, cli: bool = True, metavar: str | None = None,
-        file: bool = False) -> Any:
+        file: bool = False, words: tuple[str, ...] | None = None) -> Any:
     """A config field with its command-line and identity metadata.
 
     Args:
@@ -75,9 +76,12 @@ def opt(default: Any = dataclasses.MISSING, help: str = "", *, flag: str | None 
         cli: False for a field with no command-line option (set by code or a recipe only).
         metavar: click's metavar.
         file: the value names a file that must exist.
+        words: words a number option also takes (``("auto",)`` for ``--rank auto``); the config keeps the
+            word, and its own ``__post_init__`` turns it into a number.
     """
     meta = Opt(help=help, flag=flag, short=short, choices=tuple(choices) if choices else None, min=min, max=max,
-               min_open=min_open, identity=identity, cli=cli, metavar=metavar, file=file)
+               min_open=min_open, identity=identity, cli=cli, metavar=metavar, file=file,
+               words=tuple(words) if words else None)
     return dataclasses.field(default=default, metadata={_KEY: meta})
 
 
@@ -124,8 +128,11 @@ def _check_value(name: str, v: Any, base: type, m: Opt) -> Any:
             raise ConfigError(f"{name} must be true or false, got {v!r:.60}")
         return v
     if base in (int, float):
+        if m.words and isinstance(v, str) and v in m.words:
+            return v
         if isinstance(v, bool) or not isinstance(v, (int, float)) or (base is int and not isinstance(v, int)):
-            raise ConfigError(f"{name} must be {'an integer' if base is int else 'a number'}, got {v!r:.60}")
+            what = "an integer" if base is int else "a number"
+            raise ConfigError(f"{name} must be {what}{''.join(f' or {w}' for w in m.words or ())}, got {v!r:.60}")
         if base is float:
             try:
                 v = float(v)
@@ -229,6 +236,8 @@ def click_options(cls, defaults: dict[str, Any] | None = None, only: tuple[str, 
 def _click_type(base: type, m: Opt):
     import click
 
+    if m.words and base in (int, float):
+        return _number_or_words(_click_type(base, dataclasses.replace(m, words=None)), m.words)
     if base is str:
         if m.file:
             return click.Path(exists=True, dir_okay=False)
@@ -255,6 +264,21 @@ def _finite_float(lo, hi, lo_open):
             return v
 
     return FiniteFloatRange(lo, hi, min_open=lo_open)
+
+
+def _number_or_words(number, words: tuple[str, ...]):
+    """A click type taking one of ``words`` as it is, or a number checked by the click type ``number``."""
+    import click
+
+    class NumberOrWords(click.ParamType):
+        name = f"{number.name}|{'|'.join(words)}"
+
+        def convert(self, value, param, ctx):
+            if isinstance(value, str) and value in words:
+                return value
+            return number.convert(value, param, ctx)
+
+    return NumberOrWords()
 
 
 def given_on_command_line(ctx, name: str) -> bool:

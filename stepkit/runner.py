@@ -34,6 +34,7 @@ A stage is an object with ``name``, ``required_columns``, ``config()``, ``output
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import shutil
@@ -45,8 +46,9 @@ from typing import Any
 import pyarrow as pa
 
 from stepkit import __version__
-from stepkit.errors import ConfigError, InputError, RowError, StepkitError
-from stepkit.options import Config, identity, opt
+from stepkit.errors import ConfigError, InputError, RowError, StepkitError, one_line
+from stepkit.matching import match_by_id
+from stepkit.options import Config, flag_of, identity, opt
 from stepkit.schema import (
     check_column_types,
     check_columns,
@@ -243,6 +245,10 @@ class LabelerStage(EngineStage):
         check_values(rows, path, first_row, ("id", "prompt"), unique="id", seen=self._seen_ids)
         check_steps(rows, path, first_row)
 
+    def __getstate__(self):
+        """Pickled (sent to a Ray task) without planning's set of the last shard's ids."""
+        return {k: v for k, v in self.__dict__.items() if k != "_seen_ids"}
+
 
 @dataclass(frozen=True)
 class RunOptions(Config):
@@ -251,15 +257,132 @@ class RunOptions(Config):
 
     chunk_size: int | None = opt(None, "Rows per committed chunk (resume granularity).", min=1)
     force: bool = opt(False, "Redo the output even if it exists from another configuration.")
-    rank: int = opt(0, "This machine's index: takes sorted(shards)[rank::world_size].", min=0)
-    world_size: int = opt(1, "How many machines split the folder of shards.", min=1)
+    rank: int = opt(0, "This machine's index: takes sorted(shards)[rank::world_size]; auto: from "
+                       "SLURM_ARRAY_TASK_ID/SLURM_ARRAY_TASK_COUNT or RANK/WORLD_SIZE.", min=0, words=("auto",),
+                    metavar="R|auto")
+    world_size: int | None = opt(None, "How many machines split the folder of shards (default 1; with --rank "
+                                       "auto, from the environment).", min=1)
     max_error_rate: float = opt(0.05, "Fail a shard when more than this share of rows has an error.", min=0, max=1)
     progress: bool = opt(True, "Show a progress bar.", flag="--progress/--no-progress")
 
     def __post_init__(self):
         super().__post_init__()
+        if self.rank == "auto":
+            rank, world = rank_from_environment(os.environ)
+            if self.world_size is not None and self.world_size != world:
+                raise ConfigError(f"--rank auto: the environment says {world} ranks, but --world-size is "
+                                  f"{self.world_size}; leave --world-size out or make them agree")
+            object.__setattr__(self, "rank", rank)
+            object.__setattr__(self, "world_size", world)
+        elif self.world_size is None:
+            object.__setattr__(self, "world_size", 1)
         if self.rank >= self.world_size:
             raise ConfigError(f"need 0 <= rank < world-size, got --rank {self.rank} --world-size {self.world_size}")
+
+
+def _env_int(env, name: str) -> int:
+    value = env[name].strip()
+    try:
+        return int(value)
+    except ValueError:
+        raise ConfigError(f"--rank auto: {name}={one_line(value)!r:.40} is not an integer") from None
+
+
+def rank_from_environment(env) -> tuple[int, int]:
+    """``(rank, world_size)`` for ``--rank auto``, from a Slurm array job or a torchrun-style launcher.
+
+    Slurm (``sbatch --array``): ``SLURM_ARRAY_TASK_ID`` and ``SLURM_ARRAY_TASK_COUNT``; when Slurm also sets
+    ``SLURM_ARRAY_TASK_MIN`` / ``SLURM_ARRAY_TASK_STEP`` (an array such as ``1-8`` or ``0-15:2``), the rank
+    is ``(ID - MIN) / STEP``, and the array must be one evenly stepped range (``--array=1,4,7`` is
+    refused: it cannot be told apart from a range with gaps). torchrun / ``torch.distributed`` launchers:
+    ``RANK`` and ``WORLD_SIZE``. When both are set they must agree.
+
+    Args:
+        env: the environment (``os.environ``).
+
+    Raises:
+        ConfigError: one line when neither pair is set, half of a pair is, a value is not an integer, or the
+            values are inconsistent (rank outside ``0..count-1``, an uneven array, Slurm and torchrun differ).
+    """
+    found = {}
+    slurm = ("SLURM_ARRAY_TASK_ID", "SLURM_ARRAY_TASK_COUNT")
+    torch = ("RANK", "WORLD_SIZE")
+    for pair in (slurm, torch):
+        have = [n for n in pair if env.get(n, "").strip()]
+        if len(have) == 1:
+            missing = next(n for n in pair if n not in have)
+            raise ConfigError(f"--rank auto: {have[0]} is set but {missing} is not")
+        if have:
+            found[pair] = (_env_int(env, pair[0]), _env_int(env, pair[1]))
+    if not found:
+        raise ConfigError("--rank auto: neither SLURM_ARRAY_TASK_ID/SLURM_ARRAY_TASK_COUNT (a Slurm array job) nor "
+                          "RANK/WORLD_SIZE (torchrun) is set; give --rank R --world-size W")
+    if slurm in found:
+        task, count = found[slurm]
+        if env.get("SLURM_ARRAY_TASK_MIN", "").strip():
+            low = _env_int(env, "SLURM_ARRAY_TASK_MIN")
+            step = _env_int(env, "SLURM_ARRAY_TASK_STEP") if env.get("SLURM_ARRAY_TASK_STEP", "").strip() else 1
+            high = _env_int(env, "SLURM_ARRAY_TASK_MAX") if env.get("SLURM_ARRAY_TASK_MAX", "").strip() else None
+            if step < 1 or (task - low) % step or (high is not None and (high - low) // step + 1 != count):
+                raise ConfigError(f"--rank auto: the Slurm array (SLURM_ARRAY_TASK_MIN {low}, MAX {high}, STEP "
+                                  f"{step}, COUNT {count}) is not one evenly stepped range of {count} tasks, so task "
+                                  f"{task} has no rank; use --array=0-{count - 1} or give --rank R --world-size W")
+            task = (task - low) // step
+        found[slurm] = (task, count)
+    if len(set(found.values())) > 1:
+        (r1, w1), (r2, w2) = found[slurm], found[torch]
+        raise ConfigError(f"--rank auto: Slurm says rank {r1} of {w1} (SLURM_ARRAY_TASK_ID/COUNT) but RANK/WORLD_SIZE "
+                          f"say {r2} of {w2}; unset one of them or give --rank R --world-size W")
+    pair, (rank, world) = next(iter(found.items()))  # (both agree when both are set)
+    names = f"{pair[0]}/{pair[1]}"
+    if world < 1 or not 0 <= rank < world:
+        raise ConfigError(f"--rank auto: {names} give rank {rank} of {world}; need 0 <= rank < world size >= 1")
+    return rank, world
+
+
+EXECUTORS = ("local", "ray")
+
+
+@dataclass(frozen=True)
+class ExecutorOptions(Config):
+    """Where the planned shards run (none of these change the rows): ``local`` runs them one after another in
+    this process (:class:`LocalExecutor`); ``ray`` runs each shard as one Ray task
+    (:class:`stepkit.ray_executor.RayExecutor`), with the Ray options below.
+
+    Raises:
+        ConfigError: a Ray option given with ``executor="local"`` (it would be silently unused).
+    """
+
+    executor: str = opt("local", "Where shards run: local (one after another, here) or ray (one Ray task per "
+                                 "shard).", choices=EXECUTORS)
+    ray_address: str | None = opt(None, "Ray cluster to join: auto (RAY_ADDRESS or the cluster `ray start` made "
+                                        "here) or HOST:PORT; default: start a local Ray instance.", metavar="ADDRESS")
+    cpus_per_shard: float = opt(1.0, "CPUs Ray reserves for each shard's task.", min=0, min_open=True)
+    gpus_per_shard: float = opt(0.0, "GPUs Ray reserves for each shard's task; its engine is built on them "
+                                     "(--tensor-parallel-size at most this).", min=0)
+    shard_retries: int = opt(3, "Times Ray reruns a shard whose worker or machine died (the rerun resumes from "
+                                "the shard's committed chunks; Ray's max_retries).", min=0)
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.executor == "local":
+            for f in dataclasses.fields(self):
+                if f.name != "executor" and getattr(self, f.name) != f.default:
+                    raise ConfigError(f"{flag_of(f)} is an option of --executor ray; this run uses --executor local")
+
+
+def make_executor(opts: ExecutorOptions) -> Executor:
+    """The executor ``opts`` names (Ray is imported only when a Ray executor runs).
+
+    Raises:
+        ConfigError: see :class:`ExecutorOptions`.
+    """
+    if opts.executor == "local":
+        return LocalExecutor()
+    from stepkit.ray_executor import RayExecutor
+
+    return RayExecutor(address=opts.ray_address, cpus_per_shard=opts.cpus_per_shard,
+                       gpus_per_shard=opts.gpus_per_shard, max_retries=opts.shard_retries)
 
 
 @dataclass
@@ -283,11 +406,12 @@ class ShardPlan:
 
 @dataclass
 class ShardResult:
-    """What happened to one shard."""
+    """What happened to one shard: ``status`` is ``"done"``, ``"up to date"`` or ``"failed"`` (a distributed
+    executor reports a shard that failed, and the one-line reason in ``error``, while the others finish)."""
 
     input: Path
     output: Path
-    status: str  # "done", "up to date"
+    status: str  # "done", "up to date", "failed"
     rows: int = 0
     errors: int = 0
     chunks: int = 0
@@ -295,6 +419,7 @@ class ShardResult:
     seconds: float = 0.0
     tokens: int = 0
     counters: dict[str, int] = field(default_factory=dict)
+    error: str | None = None
 
 
 def _identity(stage: Stage, input_hash: str, chunk_size: int, side_hashes: dict[str, list[str]],
@@ -509,9 +634,11 @@ def _check_joined(rows, first, shard, name, side: SideInput, table) -> None:
 
 class Executor:
     """Runs planned shards. :class:`LocalExecutor` runs them here, one after another; a distributed
-    executor runs each shard as a task of its own, through the same :func:`run_shard`."""
+    executor (:class:`stepkit.ray_executor.RayExecutor`) runs each shard as a task of its own, through the
+    same :func:`run_shard`. :func:`make_executor` builds the one :class:`ExecutorOptions` names."""
 
     def run(self, stage: Stage, plans: list[ShardPlan], opts: RunOptions, console=None) -> list[ShardResult]:
+        """Run ``plans`` (from :func:`plan_run`) and return one :class:`ShardResult` per plan, in plan order."""
         raise NotImplementedError
 
 
@@ -535,19 +662,22 @@ class LocalExecutor(Executor):
 
 
 def run_stage(stage: Stage, in_path: str | os.PathLike, out_path: str | os.PathLike, *,
-              chunk_size: int | None = None, force: bool = False, rank: int = 0, world_size: int = 1,
+              chunk_size: int | None = None, force: bool = False, rank: int | str = 0, world_size: int | None = None,
               max_error_rate: float = 0.05, progress: bool = True, console=None,
               executor: Executor | None = None) -> list[ShardResult]:
-    """Run ``stage`` over the shards of ``in_path`` (this rank's share) into ``out_path``:
-    :func:`plan_run`, then ``executor`` (default :class:`LocalExecutor`).
+    """Run ``stage`` over the shards of ``in_path`` (this rank's share; ``rank="auto"``: from the
+    environment, :func:`rank_from_environment`) into ``out_path``: :func:`plan_run`, then ``executor``
+    (default :class:`LocalExecutor`).
 
-    Returns one :class:`ShardResult` per shard handled by this rank.
+    Returns one :class:`ShardResult` per shard handled by this rank, in shard order. With the
+    :class:`~stepkit.ray_executor.RayExecutor`, a shard that fails while running is one of them (status
+    ``failed``, its one-line ``error``) and the other shards finish.
 
     Raises:
         InputError: unreadable input, missing column, bad rows (before any generation).
         ConfigError: the configuration differs from a finished or partial run and ``force`` is off.
         StepkitError: the error rate of a shard exceeds ``max_error_rate`` (its parts are kept, so a
-            rerun with a higher threshold finishes without generating again).
+            rerun with a higher threshold finishes without generating again); with the local executor.
     """
     opts = RunOptions(chunk_size=chunk_size, force=force, rank=rank, world_size=world_size,
                       max_error_rate=max_error_rate, progress=progress)
@@ -704,19 +834,28 @@ def _attribute_errors(stage: Stage, before: list, out_rows: list[dict]) -> tuple
     return own, upstream, reasons
 
 
-def run_shard(stage: Stage, plan: ShardPlan, opts: RunOptions, console=None, open_stage: bool = False) -> ShardResult:
+def run_shard(stage: Stage, plan: ShardPlan, opts: RunOptions, console=None, open_stage: bool = False,
+              report=None) -> ShardResult:
     """Run one planned shard to its finished output (resuming from committed parts), under a lock.
 
     The stage must be open, or ``open_stage`` opens it once the lock is held (so a second run of the
-    same OUT is refused before it loads a model). Raises StepkitError when the shard's error rate
-    exceeds ``max_error_rate`` (committed parts are kept)."""
+    same OUT is refused before it loads a model). ``report(rows, tokens)``, when given, is called with the
+    shard's rows done so far (committed chunks included) and the tokens of this run, once the committed
+    chunks are counted and after each commit (a distributed executor's progress view).
+
+    Raises:
+        ConfigError: another run holds the lock on OUT or a side output.
+        InputError: bad input found while a chunk is read (a parts folder with nothing committed is removed).
+        StepkitError: the shard's error rate exceeds ``max_error_rate`` (committed parts are kept), or its
+            parts keep disappearing.
+    """
     with contextlib.ExitStack() as locks:  # OUT and every side output: two runs never share a file
         for path in sorted({plan.output, *plan.side_outputs.values()}):
             locks.enter_context(_OutputLock(path))
         if open_stage:
             stage.open()
         try:
-            return _run_shard(stage, plan, opts, console)
+            return _run_shard(stage, plan, opts, console, report or (lambda rows, tokens: None))
         except InputError:  # bad input found mid-run (damaged pages of a column planning does not read)
             parts = _parts_dir(plan.output)
             if not any(parts.glob("part-*.parquet")):  # nothing committed: leave no parts folder behind
@@ -724,7 +863,7 @@ def run_shard(stage: Stage, plan: ShardPlan, opts: RunOptions, console=None, ope
             raise
 
 
-def _run_shard(stage: Stage, plan: ShardPlan, opts: RunOptions, console) -> ShardResult:
+def _run_shard(stage: Stage, plan: ShardPlan, opts: RunOptions, console, report) -> ShardResult:
     shard, out, ident = plan.input, plan.output, plan.identity
     chunk_size, n_rows = ident["chunk_size"], plan.rows
     parts = _parts_dir(out)
@@ -749,7 +888,9 @@ def _run_shard(stage: Stage, plan: ShardPlan, opts: RunOptions, console) -> Shar
     t0 = time.time()
     tokens0 = stage.tokens_generated()
     with _Progress(opts.progress, console, f"{stage.name} {shard.name}", n_rows) as bar:
-        bar.advance(sum(bounds[i][1] - bounds[i][0] for i in committed), 0)
+        done_rows = sum(bounds[i][1] - bounds[i][0] for i in committed)
+        bar.advance(done_rows, 0)
+        report(done_rows, 0)
         for i, rows in _uncommitted_chunks(shard, bounds, parts, side_schemas, committed, resumed):
             _log(parts, event="chunk_start", chunk=i)
             for name, (side, table) in side_tables.items():
@@ -761,6 +902,8 @@ def _run_shard(stage: Stage, plan: ShardPlan, opts: RunOptions, console) -> Shar
             side_rows = side[0] if side else {}
             if stage.one_to_one and len(out_rows) != len(rows):
                 raise StepkitError(f"{stage.name}: internal error, chunk {i} returned {len(out_rows)} rows for {len(rows)}")
+            if stage.one_to_one:
+                out_rows = _in_input_order(stage, i, rows, out_rows)
             unknown = set(side_rows) - set(side_schemas)
             if unknown:
                 raise StepkitError(f"{stage.name}: internal error, rows for undeclared side output(s) {sorted(unknown)}")
@@ -778,6 +921,8 @@ def _run_shard(stage: Stage, plan: ShardPlan, opts: RunOptions, console) -> Shar
             write_table(_part(parts, i), main)
             _log(parts, event="chunk_commit", chunk=i, rows=len(out_rows))
             bar.advance(len(rows), stage.tokens_generated() - tokens0)
+            done_rows += len(rows)
+            report(done_rows, stage.tokens_generated() - tokens0)
     result.seconds, result.resumed_chunks = time.time() - t0, len(resumed)
     result.tokens = stage.tokens_generated() - tokens0
 
@@ -833,6 +978,19 @@ def _run_shard(stage: Stage, plan: ShardPlan, opts: RunOptions, console) -> Shar
     write_table(out, table, metadata=manifest)
     shutil.rmtree(parts, ignore_errors=True)
     return result
+
+
+def _in_input_order(stage: Stage, chunk: int, rows: list[dict], out_rows: list[dict]) -> list[dict]:
+    """A one-to-one stage's output rows matched to its input rows by ``id``, never by position (a stage that
+    gathers results as they finish may return them in another order). Rows without unique ids keep the
+    stage's order.
+
+    Raises:
+        StepkitError: an output row whose id is missing, unknown or repeated (an internal error)."""
+    ids = [r.get("id") for r in rows]
+    if None in ids or len(set(ids)) != len(ids):
+        return out_rows
+    return match_by_id(ids, out_rows, lambda r: r.get("id"), f"{stage.name}: internal error, chunk {chunk}: output row")
 
 
 def _stage_table(stage: Stage, rows: list[dict], schema: pa.Schema, what: str) -> pa.Table:

@@ -63,3 +63,23 @@ def assert_linear(fn, make_text, n: int = 16_000, factor: int = 16) -> None:
 
     small, big = best(make_text(n)), best(make_text(n * factor))
     assert big <= 4 * factor * small + 0.5, f"{n * factor} chars took {big:.3f} s, {n} chars {small:.4f} s"
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """One local Ray instance for the whole session (the Ray executor's tests join it with --ray-address):
+    2 CPUs, a 200 MB object store, on 127.0.0.1 only. Ray's dashboard process is started because the state
+    API (``ray.util.state.list_tasks``, which the kill test uses to find a shard's worker) is served by it;
+    its web frontend is not used. Yields the address; shut down at the end of the session."""
+    import logging
+
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # bind 127.0.0.1, not the machine's address
+    os.environ["RAY_USAGE_STATS_ENABLED"] = "0"  # (ray.init turns it off too; never any traffic out)
+    import ray
+
+    ctx = ray.init(num_cpus=2, object_store_memory=200 * 1024**2, include_dashboard=True,
+                   logging_level=logging.ERROR)
+    try:
+        yield ctx.address_info["gcs_address"]
+    finally:
+        ray.shutdown()

@@ -211,11 +211,14 @@ def test_unknown_model_path_keeps_earlier_output(solutions, tmp_path):
 
 def test_help_is_fast_and_imports_no_torch():
     code = ("import sys, time; t=time.time(); from stepkit.cli import main\n"
-            "try:\n    main(['--help'])\nexcept SystemExit: pass\n"
-            "assert 'torch' not in sys.modules and 'vllm' not in sys.modules, 'heavy import'\n"
+            "for args in (['--help'], ['mc-label', '--help']):\n"
+            "    try:\n        main(args)\n    except SystemExit: pass\n"
+            "    heavy = {'torch', 'vllm', 'ray'} & set(sys.modules)\n"
+            "    assert not heavy, f'{args}: heavy import {heavy}'\n"
             "print(time.time()-t)")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
+    assert "--executor [local|ray]" in p.stdout and "--gpus-per-shard" in p.stdout  # every model stage's flags
     for cmd in ("mc-label", "ingest", "stats", "show", "models"):
         q = run(cmd, "--help")
         assert "Usage:" in q.stdout

@@ -5,7 +5,7 @@ optional side input, so the runner's side tables can be tested on real shards wi
 ``toy-steps IN OUT --steps-out STEPS [--notes NOTES]``: for each trajectory row, ``toy_lengths`` (the
 character count of each step) and ``toy_note`` (the row's note from the ``--notes`` side input, joined
 by ``problem_id``); the side output holds one row per step (``id``, ``step_index``, ``length``).
-``TOY_DELAY`` (seconds per chunk) slows it down so a test can kill it mid-shard.
+``--delay`` or ``TOY_DELAY`` (seconds per chunk) slows it down so a test can kill it mid-shard.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ class ToyConfig(Config):
     steps_out: str = opt(None, "Where the per-step side table goes.", identity=False)
     notes: str | None = opt(None, "A side input with problem_id and note columns.", identity=False)
     min_length: int = opt(0, "Steps shorter than this are a row error.", min=0)
+    delay: float = opt(0.0, "Seconds per chunk (default: TOY_DELAY's).", min=0, identity=False)
 
 
 class ToyStage(Stage):
@@ -55,7 +56,7 @@ class ToyStage(Stage):
         return {"notes": SideInput(Path(self.cfg.notes), key="problem_id")} if self.cfg.notes else {}
 
     def process(self, rows):
-        time.sleep(float(os.environ.get("TOY_DELAY", "0")))
+        time.sleep(self.cfg.delay or float(os.environ.get("TOY_DELAY", "0")))
         out, side = [], []
         for r in rows:
             if r.get("error"):  # failed upstream: passed through unchanged

@@ -21,9 +21,17 @@ def _run_options_class():
     return RunOptions
 
 
+def _executor_options_class():
+    from stepkit.runner import ExecutorOptions
+
+    return ExecutorOptions
+
+
 def runner_options(f):
-    """Options every model stage shares (chunks, resume, sharding, error budget, progress)."""
-    return click_options(_run_options_class())(f)
+    """Options every model stage shares: chunks, resume, sharding, error budget, progress, and where the
+    shards run (``--executor local|ray`` with Ray's ``--ray-address``, ``--cpus-per-shard``,
+    ``--gpus-per-shard``, ``--shard-retries``)."""
+    return click_options(_run_options_class())(click_options(_executor_options_class())(f))
 
 
 def runner_options_only(*names: str):
@@ -77,17 +85,28 @@ def sampling(kw: dict, stop=(), **overrides) -> SamplingConfig:
 
 
 def run(stage, inp, out, kw: dict, title: str, shown=None) -> None:
-    """Run ``stage`` with the runner options in ``kw`` and print the summary table (the counters for
-    which ``shown(name)`` is true; all by default)."""
-    from stepkit.runner import run_stage
+    """Run ``stage`` with the runner and executor options in ``kw`` and print the summary table (the
+    counters for which ``shown(name)`` is true; all by default).
+
+    A shard that failed while the others ran on (``--executor ray``) is in the table with status
+    ``failed``; its one-line error follows the table (``error: ...``), and the command exits with status 1.
+    """
+    from stepkit.runner import make_executor, run_stage
 
     opts = from_params(_run_options_class(), kw)
-    results = run_stage(stage, inp, out, **{f.name: getattr(opts, f.name) for f in dataclasses.fields(opts)})
+    executor = make_executor(from_params(_executor_options_class(), kw))
+    results = run_stage(stage, inp, out, **{f.name: getattr(opts, f.name) for f in dataclasses.fields(opts)},
+                        executor=executor)
     if not results:
         click.echo(f"{title}: no shard for --rank {opts.rank} of --world-size {opts.world_size}; nothing to do",
                    err=True)
         return
     print_results(results, title, shown, getattr(stage, "tokens_kind", "generated"))
+    failed = [r for r in results if r.status == "failed"]
+    for r in failed:
+        click.echo(f"error: {r.error}", err=True)
+    if failed:
+        raise click.exceptions.Exit(1)
 
 
 def check_json_path(ctx, param, value):
@@ -154,7 +173,7 @@ def write_json_report(path, doc) -> None:
 
 def print_results(results, title: str, shown=None, tokens_kind: str = "generated") -> None:
     """Summary table at the end of a run: one column per shard, one row per figure (``tokens_kind``: what
-    the stage's tokens are, ``generated`` or ``scored``)."""
+    the stage's tokens are, ``generated`` or ``scored``); a failed shard shows its status only."""
     from rich.table import Table
 
     from stepkit.views import make_console
@@ -172,6 +191,6 @@ def print_results(results, title: str, shown=None, tokens_kind: str = "generated
         rows = [row for row in rows if not row[0].startswith("tokens")]
     for k in sorted({k for r in results for k in r.counters if k != "errors" and (shown is None or shown(k))}):
         rows.append((k.replace("_", " "), lambda r, k=k: r.counters.get(k, "")))
-    for name, fn in rows:
-        t.add_row(name, *[str(fn(r)) for r in results])
+    for name, fn in rows:  # a failed shard has its status only (its error line follows the table)
+        t.add_row(name, *[str(fn(r)) if r.status != "failed" or name == "status" else "-" for r in results])
     make_console(stderr=True).print(t)

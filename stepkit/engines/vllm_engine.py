@@ -73,6 +73,7 @@ warnings.filterwarnings("ignore", message=r".*torch\.distributed\.reduce_op.*", 
 
 from stepkit.engines.base import Completion, Engine, Request, SamplingConfig, actual_token_logprobs  # noqa: E402
 from stepkit.errors import ConfigError, StepkitError  # noqa: E402
+from stepkit.matching import match_by_id  # noqa: E402
 from stepkit.models import resolve_model  # noqa: E402
 from stepkit.options import Config, opt  # noqa: E402
 
@@ -92,6 +93,32 @@ def _first_line(exc: BaseException) -> str:
         text = re.sub(r"^Value error, ", "", lines[1])
         text = re.sub(r"\s*\[type=.*$", "", text)
     return f"{type(exc).__name__}: {text}"
+
+
+def in_sent_order(outputs: list, sent: list, sent_of) -> list:
+    """The ``RequestOutput``s of one ``LLM.generate`` call matched to what was sent by request id, never by
+    position (early vLLM returned them in finishing order, vllm#394; this vLLM sorts them, which is not a
+    promise): vLLM numbers a call's requests in the order they are added, so output ``k`` is the one with
+    the ``k``-th id. Each is then checked against what was sent in its place (``sent_of(output)``, e.g. its
+    prompt text or token ids), so a result never goes to another request.
+
+    Raises:
+        StepkitError: an output missing, repeated or with an id outside the call's, or one whose prompt is
+            not the one sent in its place.
+    """
+    try:
+        ids = [int(o.request_id) for o in outputs]
+    except (TypeError, ValueError):  # another id scheme: keep vLLM's order, still checked prompt by prompt
+        ordered = list(outputs)
+    else:
+        first = min(ids, default=0)
+        ordered = match_by_id(range(first, first + len(sent)), outputs, lambda o: int(o.request_id), "vllm output")
+    if len(ordered) != len(sent):
+        raise StepkitError(f"vllm returned {len(ordered)} outputs for {len(sent)} prompts")
+    for k, (out, what) in enumerate(zip(ordered, sent)):
+        if sent_of(out) != what:
+            raise StepkitError(f"vllm returned, for prompt {k} of a call, the output of another prompt")
+    return ordered
 
 
 def _on_cpu() -> bool:
@@ -337,8 +364,7 @@ class VLLMEngine(Engine):
             if self._pending:
                 raise StepkitError("vllm engine: generate() while submitted requests are running")
             outputs = llm.generate(prompts, params, use_tqdm=False) if prompts else []
-        if len(outputs) != len(prompts):  # pragma: no cover - vLLM guarantees one output per prompt
-            raise StepkitError(f"vllm returned {len(outputs)} outputs for {len(prompts)} prompts")
+        outputs = in_sent_order(outputs, prompts, lambda o: o.prompt)
         for owner, out in zip(owners, outputs):
             self._collect(out, results[owner])
         for request, completions in zip(requests, results):
@@ -416,12 +442,7 @@ class VLLMEngine(Engine):
             if self._pending:
                 raise StepkitError("vllm engine: score() while submitted requests are running")
             outputs = llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in token_ids], params, use_tqdm=False)
-        if len(outputs) != len(token_ids):  # pragma: no cover - vLLM guarantees one output per prompt
-            raise StepkitError(f"vllm returned {len(outputs)} outputs for {len(token_ids)} prompts")
-        for res, ids in zip(outputs, token_ids):
-            if list(res.prompt_token_ids) != list(ids):
-                raise StepkitError("vllm scored other tokens than the ones sent")
-        return outputs
+        return in_sent_order(outputs, [list(ids) for ids in token_ids], lambda o: list(o.prompt_token_ids or ()))
 
     # -- asynchronous requests: one engine loop, continuous batching ------------------------------
 

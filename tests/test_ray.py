@@ -1,0 +1,245 @@
+"""The Ray executor (issue 12) with the scripted engine, on the session's local Ray instance
+(``ray_cluster`` in conftest): output identical to ``--executor local``, a worker killed mid-shard retried
+and resumed from its committed chunks, a failing shard reported while the others finish, results matched
+to shards by identity, and the one-line errors of the options around it."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from stepkit.engines.base import EngineSpec, SamplingConfig
+from stepkit.prompts import DEFAULT_STOP
+from stepkit.runner import run_stage
+from stepkit.stages.mc_label import MCLabelConfig, MCLabelStage
+from tests.conftest import DATA, ROOT
+from tests.toy_stage import ToyConfig, ToyStage
+
+STEPKIT = [sys.executable, "-m", "stepkit.cli"]
+SCRIPTED = ["--engine", "scripted", "--model", "scripted:echo", "-k", "2", "--chunk-size", "1"]
+SIZES = (7, 3, 3, 3)  # rows of the 4 shards: the first is the longest, so it finishes last
+
+
+def run(*args, env=None, check=True, timeout=300):
+    p = subprocess.run([*STEPKIT, *map(str, args)], capture_output=True, text=True, cwd=ROOT,
+                       env={**os.environ, **(env or {})}, timeout=timeout)
+    if check and p.returncode != 0:
+        raise AssertionError(f"stepkit {args} failed ({p.returncode}):\n{p.stderr}")
+    return p
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory) -> Path:
+    """16 real GSM8K model solutions (4 problems x 4 generators) in 4 shards of SIZES rows."""
+    tmp = tmp_path_factory.mktemp("ray")
+    run("ingest", "gsm8k-solutions", DATA / "gsm8k" / "example_model_solutions.jsonl", tmp / "all.parquet",
+        "--limit", "4")
+    table = pq.read_table(tmp / "all.parquet")
+    folder = tmp / "in"
+    folder.mkdir()
+    start = 0
+    for i, n in enumerate(SIZES):
+        pq.write_table(table.slice(start, n), folder / f"s{i}.parquet")
+        start += n
+    return folder
+
+
+@pytest.fixture(scope="module")
+def reference(shards, tmp_path_factory) -> Path:
+    """The same folder labelled with --executor local."""
+    out = tmp_path_factory.mktemp("ref") / "out"
+    run("mc-label", shards, out, *SCRIPTED, "--no-progress")
+    return out
+
+
+def rows_of(folder: Path) -> dict[str, list[dict]]:
+    return {p.name: pq.read_table(p).to_pylist() for p in sorted(folder.glob("*.parquet"))}
+
+
+def manifest(out: Path) -> dict:
+    return json.loads(out.with_name(out.name.removesuffix(".parquet") + ".manifest.json").read_text())
+
+
+def test_four_shards_on_ray_equal_the_local_run(shards, reference, ray_cluster, tmp_path):
+    out = tmp_path / "out"
+    p = run("mc-label", shards, out, *SCRIPTED, "--executor", "ray", "--ray-address", ray_cluster)
+    assert rows_of(out) == rows_of(reference) and len(rows_of(out)) == 4
+    for name in rows_of(out):
+        ours, theirs = manifest(out / name), manifest(reference / name)
+        assert ours["identity"] == theirs["identity"] and ours["counts"] == theirs["counts"]
+        assert ours["run"]["chunks_this_run"] == ours["run"]["chunks"] and not (out / f"{name}.parts").exists()
+    # one progress view for all shards, then the same summary table as a local run
+    assert "mc-label (4 shards on ray)" in p.stderr and "16/16 rows" in p.stderr
+    assert "shards: 4 done, 0 running, 0 failed, 0 waiting" in p.stderr
+    assert "chunks resumed / total" in p.stderr and "s3.parquet" in p.stderr
+    again = run("mc-label", shards, out, *SCRIPTED, "--executor", "ray", "--ray-address", ray_cluster, "--no-progress")
+    assert again.stderr.count("up to date") == 4  # finished shards are not sent to Ray again
+
+
+def _running_task_pid(name: str, deadline: float) -> int:
+    """The pid of the worker running the Ray task ``name`` (Ray's state API: the task, then its worker). Task
+    events reach the state API a moment late, and earlier tests ran tasks of the same name, so the worker
+    must be alive and its process title (``ray::<task name>`` while Ray runs a task) must name the task."""
+    from ray.util.state import list_tasks, list_workers
+
+    while time.time() < deadline:
+        for task in list_tasks(filters=[("name", "=", name), ("state", "=", "RUNNING")]):
+            for worker in list_workers(filters=[("worker_id", "=", task.worker_id)]):
+                try:
+                    title = Path(f"/proc/{worker.pid}/cmdline").read_bytes().decode(errors="replace")
+                except OSError:
+                    continue
+                if worker.is_alive and title.startswith(f"ray::{name}"):
+                    return worker.pid
+        time.sleep(0.1)
+    raise AssertionError(f"task {name!r} never seen running")
+
+
+def test_a_worker_killed_mid_shard_is_retried_and_resumes(shards, reference, ray_cluster, tmp_path):
+    out = tmp_path / "out"
+    parts = out / "s0.parquet.parts"
+    proc = subprocess.Popen([*STEPKIT, "mc-label", str(shards), str(out), *SCRIPTED, "--executor", "ray",
+                             "--ray-address", ray_cluster], cwd=ROOT, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "STEPKIT_SCRIPTED_DELAY": "0.05"})
+    deadline = time.time() + 120
+    pid = _running_task_pid("stepkit mc-label s0.parquet", deadline)
+    while len(list(parts.glob("part-*.parquet"))) < 2:
+        assert proc.poll() is None and time.time() < deadline, proc.stderr.read() if proc.poll() is not None else ""
+        time.sleep(0.02)
+    os.kill(pid, signal.SIGKILL)  # the worker process dies mid-shard, as when its machine is lost
+    committed = {p.name: pq.read_table(p).to_pylist() for p in parts.glob("part-*.parquet")}
+    assert 2 <= len(committed) < SIZES[0] and not (out / "s0.parquet").exists()
+    stderr = proc.communicate(timeout=180)[1]
+    assert proc.returncode == 0, stderr
+    assert rows_of(out) == rows_of(reference)
+    m = manifest(out / "s0.parquet")["run"]
+    assert m["resumed_chunks"] == len(committed) and m["chunks_this_run"] == SIZES[0] - len(committed)
+    final = pq.read_table(out / "s0.parquet").to_pylist()
+    for name, rows in committed.items():  # the chunks committed before the kill are in OUT as they were
+        assert final[int(name[5:10])] == rows[0]
+    assert "1 retried" in stderr and "shards: 4 done" in stderr
+
+
+def test_a_failing_shard_is_reported_while_the_others_finish(shards, reference, ray_cluster, tmp_path):
+    """Shard s2's generator text is damaged (not UTF-8: planning reads no such column, so it shows when the
+    task reads its rows): its one-line error is printed, the other three shards finish, the exit status is 1."""
+    folder = tmp_path / "in"
+    folder.mkdir()
+    for p in shards.glob("*.parquet"):
+        (folder / p.name).write_bytes(p.read_bytes())
+    t = pq.read_table(folder / "s2.parquet")
+    t = t.set_column(t.schema.get_field_index("generator"), "generator",
+                     pa.array([f"MARKER-{i}" for i in range(t.num_rows)]))
+    pq.write_table(t, folder / "s2.parquet", compression="none", write_statistics=False)
+    (folder / "s2.parquet").write_bytes((folder / "s2.parquet").read_bytes().replace(b"MARKER-", b"\xffARKER-"))
+    out = tmp_path / "out"
+    p = run("mc-label", folder, out, *SCRIPTED, "--executor", "ray", "--ray-address", ray_cluster, "--no-progress",
+            check=False)
+    assert p.returncode == 1
+    errors = [line for line in p.stderr.splitlines() if line.startswith("error:")]
+    assert errors == [f"error: {folder / 's2.parquet'}: cannot read rows after row 0 ('utf-8' codec can't decode "
+                      "byte 0xff in position 0: invalid start byte)"]
+    assert "failed" in p.stderr and "Traceback" not in p.stderr
+    done = rows_of(out)
+    assert sorted(done) == ["s0.parquet", "s1.parquet", "s3.parquet"]
+    assert done == {k: v for k, v in rows_of(reference).items() if k != "s2.parquet"}
+    assert not (out / "s2.parquet.parts").exists()  # nothing committed: no parts folder left behind
+
+
+def test_results_are_matched_to_shards_by_identity_and_failures_come_back(shards, ray_cluster, tmp_path):
+    """In-process (this session's Ray connection), with the toy stage: the shards finish in another order
+    than planned (s0, the longest, after s1), yet each result is its own shard's, in plan order; a shard
+    over its error budget comes back failed, with its parts kept, while the others finish."""
+    from stepkit.ray_executor import RayExecutor
+
+    folder = tmp_path / "in"
+    folder.mkdir()
+    for p in shards.glob("*.parquet"):
+        (folder / p.name).write_bytes(p.read_bytes())
+    t = pq.read_table(folder / "s3.parquet")  # s3's steps are all short: every row is a toy row error
+    steps = pa.array([["x"]] * t.num_rows, t.schema.field("steps").type)
+    pq.write_table(t.set_column(t.schema.get_field_index("steps"), "steps", steps), folder / "s3.parquet")
+    cfg = ToyConfig(steps_out=str(tmp_path / "steps"), min_length=2, delay=0.3)
+    stage = ToyStage(cfg)
+    results = run_stage(stage, folder, tmp_path / "out", progress=False, chunk_size=1, executor=RayExecutor())
+    out = tmp_path / "out"
+    assert (out / "s1.parquet").stat().st_mtime < (out / "s0.parquet").stat().st_mtime  # finished first
+    assert [r.output.name for r in results] == [f"s{i}.parquet" for i in range(4)]
+    assert [r.status for r in results] == ["done", "done", "done", "failed"]
+    assert [r.rows for r in results[:3]] == list(SIZES[:3])
+    assert results[3].error.startswith(f"{folder / 's3.parquet'}: 3 of 3 rows failed (short step: 3)")
+    assert (out / "s3.parquet.parts").exists()  # kept for a rerun with a higher budget, as with local
+    for r in results[:3]:
+        assert pq.read_table(r.output).num_rows == r.rows == manifest(r.output)["input"]["rows"]
+        assert manifest(r.output)["input"]["path"] == str(r.input)
+        assert pq.read_table(tmp_path / "steps" / r.output.name).num_rows > 0  # its side output too
+
+
+def test_the_stage_goes_to_the_tasks_unopened(shards, ray_cluster, tmp_path):
+    """The driver never builds the engine: each task opens the stage it was sent (and a stage already
+    open is refused rather than shipped with its engine)."""
+    from stepkit.errors import ConfigError
+    from stepkit.ray_executor import RayExecutor
+
+    stage = MCLabelStage(MCLabelConfig(continuations=2), EngineSpec("scripted", "scripted:echo"),
+                         SamplingConfig(max_tokens=64, stop=DEFAULT_STOP))
+    one = tmp_path / "one"
+    one.mkdir()
+    (one / "s1.parquet").write_bytes((shards / "s1.parquet").read_bytes())
+    (res,) = run_stage(stage, one, tmp_path / "out", progress=False, executor=RayExecutor())
+    assert res.status == "done" and res.tokens > 0 and stage.engine is None and stage.checker is None
+    stage.open()
+    try:
+        with pytest.raises(ConfigError, match="the stage is open already"):
+            run_stage(stage, one, tmp_path / "out2", progress=False, executor=RayExecutor())
+    finally:
+        stage.close()
+
+
+def test_ray_options_need_the_ray_executor_and_ray_itself(shards, tmp_path):
+    p = run("mc-label", shards, tmp_path / "o", *SCRIPTED, "--gpus-per-shard", "1", check=False)
+    assert p.returncode == 1
+    assert p.stderr == "error: --gpus-per-shard is an option of --executor ray; this run uses --executor local\n"
+    # Ray missing: one line saying how to install it (the import is blocked in this process)
+    code = ("import sys; sys.modules['ray'] = None\nfrom stepkit.cli import main\n"
+            f"main({['mc-label', str(shards), str(tmp_path / 'o'), *SCRIPTED, '--executor', 'ray']!r})")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert p.returncode == 1
+    assert p.stderr == "error: --executor ray needs Ray, which is not installed: pip install 'stepkit[ray]'\n"
+    assert not (tmp_path / "o").exists()
+    for flag, value in (("--cpus-per-shard", "0"), ("--shard-retries", "-1"), ("--executor", "dask")):
+        p = run("mc-label", shards, tmp_path / "o", *SCRIPTED, flag, value, check=False)
+        assert p.returncode == 2 and flag in p.stderr
+
+
+def test_tensor_parallelism_must_fit_the_gpus_of_a_shard(shards, tmp_path):
+    from stepkit.errors import ConfigError
+    from stepkit.ray_executor import RayExecutor
+
+    stage = MCLabelStage(MCLabelConfig(), EngineSpec("vllm", "smollm2-135m", 0, {"tensor_parallel_size": 2}),
+                         SamplingConfig())
+    with pytest.raises(ConfigError, match=r"^--tensor-parallel-size 2 needs 2 GPUs per shard, but --gpus-per-shard is 1$"):
+        RayExecutor(gpus_per_shard=1)._check_stage(stage)
+
+
+@pytest.mark.parametrize("command", [["rollout"], ["mc-label"], ["mcts-label"], ["judge"], ["clue", "recover"],
+                                     ["clue", "score"], ["likelihood-label"]])
+def test_every_model_stage_has_the_executor_options(command):
+    from click.testing import CliRunner
+
+    from stepkit.cli import main
+
+    r = CliRunner().invoke(main, [*command, "--help"])
+    assert r.exit_code == 0, r.output
+    for flag in ("--executor [local|ray]", "--ray-address", "--cpus-per-shard", "--gpus-per-shard",
+                 "--shard-retries", "--rank R|auto"):
+        assert flag in r.output, (command, flag)
