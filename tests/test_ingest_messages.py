@@ -225,3 +225,32 @@ def test_ingest_messages_fuzz(tmp_path, tau, checker, data):
     for r in rows:
         assert len(r["steps"]) == len(r["step_observations"]) == len(r["step_messages"]) >= 1
         assert all(s.strip() for s in r["steps"])  # an empty step would be refused by every later stage
+
+
+@pytest.mark.parametrize("as_list", [True, False], ids=["json-list", "jsonl"])
+def test_ingest_messages_from_a_named_pipe_reads_it_once(tmp_path, tau, as_list):
+    """A pipe can be read once: the format used to be guessed from a first read of FILE, which ate the
+    pipe's head (``error: ...: expected a JSON list of ProcessBench rows`` / ``row 0: not valid JSON``)."""
+    import hashlib
+    import os
+    import subprocess
+    import sys
+    import threading
+
+    convs = tau[:3]
+    data = (json.dumps(convs) if as_list else "".join(json.dumps(c) + "\n" for c in convs)).encode()
+    fifo = tmp_path / "convs.json"
+    os.mkfifo(fifo)
+
+    def feed():
+        with open(fifo, "wb") as f:
+            f.write(data)
+
+    threading.Thread(target=feed, daemon=True).start()
+    out = tmp_path / "o.parquet"
+    p = subprocess.run([sys.executable, "-m", "stepkit.cli", "ingest", "messages", str(fifo), str(out)],
+                       capture_output=True, text=True, timeout=90)
+    assert p.returncode == 0, p.stderr
+    assert [row_messages(r) for r in pq.read_table(out).to_pylist()] == [c["traj"] for c in convs]
+    m = json.loads(out.with_name("o.manifest.json").read_text())
+    assert m["input"]["sha256"] == hashlib.sha256(data).hexdigest()
