@@ -98,22 +98,35 @@ def call_arguments(call: dict, index: int | None = None) -> tuple[str, dict]:
     already an object).
 
     Raises:
-        ConversationError: no function name, or arguments that are not a JSON object.
+        ConversationError: no function name, or arguments that are not a JSON object: not JSON (``NaN`` and
+            ``Infinity`` are not JSON; nor an integer too long for Python), nested too deeply to read, or holding a lone UTF-16 surrogate
+            (``"\\ud800"``: no UTF-8 text, so no shard could hold it).
     """
     fn = call.get("function") if isinstance(call, dict) else None
     if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
         raise ConversationError("tool call has no function name", index)
     args = fn.get("arguments", "{}")
+    what = f"tool call {fn['name']}: arguments"
     if isinstance(args, str):
         try:
-            args = json.loads(args) if args.strip() else {}
-        except ValueError as e:
-            raise ConversationError(f"tool call {fn['name']}: arguments are not JSON ({e.msg} at char {e.pos})",
-                                    index) from None
+            args = json.loads(args, parse_constant=_not_json) if args.strip() else {}
+        except json.JSONDecodeError as e:
+            raise ConversationError(f"{what} are not JSON ({e.msg} at char {e.pos})", index) from None
+        except ValueError as e:  # NaN (parse_constant), an integer of more than 4,300 digits
+            raise ConversationError(f"{what} are not JSON ({str(e).split(';')[0]})", index) from None
+        except RecursionError:
+            raise ConversationError(f"{what} are nested too deeply to read", index) from None
+        try:
+            json.dumps(args, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise ConversationError(f"{what} hold a lone UTF-16 surrogate (not UTF-8 text)", index) from None
     if not isinstance(args, dict):
-        raise ConversationError(f"tool call {fn['name']}: arguments are a JSON {type(args).__name__}, not an object",
-                                index)
+        raise ConversationError(f"{what} are a JSON {type(args).__name__}, not an object", index)
     return fn["name"], args
+
+
+def _not_json(constant: str):
+    raise ValueError(f"{constant} is not a JSON value")
 
 
 def tool_calls(m: dict, index: int | None = None) -> list[tuple[str, dict]]:

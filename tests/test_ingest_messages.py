@@ -117,6 +117,19 @@ BAD = {
     "content a number": (lambda t: t[1].update(content=5), "traj[1]", "content is a int"),
     "no assistant turn": (lambda t: t.__setitem__(slice(2, None), []), "traj", "no assistant message"),
     "empty turn": (lambda t: t[2].update(content=" \n"), "traj[2]", "no text and no tool call (an empty turn)"),
+    # arguments json.loads took, or failed on with a traceback (RecursionError, a surrogate pyarrow could not
+    # write, an AttributeError reading the int-limit ValueError)
+    "arguments NaN": (lambda t: t[_call_index(t)]["tool_calls"][0]["function"].update(arguments='{"a": NaN}'),
+                      "traj[{call}]", "arguments are not JSON (NaN is not a JSON value)"),
+    "arguments nested too deeply": (
+        lambda t: t[_call_index(t)]["tool_calls"][0]["function"].update(arguments="[" * 100_000),
+        "traj[{call}]", "arguments are nested too deeply to read"),
+    "arguments lone surrogate": (
+        lambda t: t[_call_index(t)]["tool_calls"][0]["function"].update(arguments='{"user_id": "\\ud800"}'),
+        "traj[{call}]", "arguments hold a lone UTF-16 surrogate"),
+    "arguments integer too long": (
+        lambda t: t[_call_index(t)]["tool_calls"][0]["function"].update(arguments='{"a": 1' + "0" * 5000 + "}"),
+        "traj[{call}]", "arguments are not JSON (Exceeds the limit (4300 digits)"),
     "tool result answered twice": (lambda t: t.insert(_call_index(t) + 2, dict(t[_call_index(t) + 1])),
                                    "traj[{call2}]", "no earlier assistant call left unanswered"),
 }
@@ -148,6 +161,9 @@ def test_other_bad_records(tmp_path, tau, checker):
         ([{**tau[0], "info": {"task": {"actions": [{"name": "x", "kwargs": "[1"}]}}}],
          "row 0, column 'info.task.actions': action 0: tool call x: arguments are not JSON"),
         ([[1, 2]], "row 0: expected an object, found list"),
+        ([{**tau[0], "reward": 10 ** 400}], "row 0, column 'reward': the outcome is inf (not a finite number)"),
+        ([{**tau[0], "info": {"task": {"actions": [{"name": "x", "kwargs": '{"a": "\\udfff"}'}]}}}],
+         "row 0, column 'info.task.actions': action 0: tool call x: arguments hold a lone UTF-16 surrogate"),
     ]
     for data, want in cases:
         src.write_text(json.dumps(data))
