@@ -143,14 +143,18 @@ def parse_conversation(messages: Any) -> Conversation:
     Raises:
         ConversationError: not a list of objects; an unknown role; content of the wrong type; an assistant
             message with neither text nor a tool call; a tool call with no name or non-JSON arguments, or
-            without an id; a tool result whose ``tool_call_id``
-            matches no earlier unanswered call; a tool result before the first turn; no assistant turn.
+            without an id, or with the id of another call of its turn; a tool result whose ``tool_call_id``
+            matches no unanswered call of the latest turn (a result comes after the turn that made the call
+            and before the next turn, as the Chat Completions API requires: else it would be read as the
+            observation of the wrong turn); a tool result before the first turn; no assistant turn.
     """
     if not isinstance(messages, list):
         raise ConversationError(f"messages are a {type(messages).__name__}, not a list")
     prompt: list[dict] = []
     turns: list[Turn] = []
-    open_calls: dict[str, str] = {}
+    open_calls: dict[str, str] = {}  # the latest turn's calls not answered yet
+    earlier: dict[str, int] = {}  # unanswered calls of earlier turns: the message index of their turn
+    turn_at = -1  # the message index of the latest turn
     for i, m in enumerate(messages):
         if not isinstance(m, dict):
             raise ConversationError(f"message is a {type(m).__name__}, not an object", i)
@@ -162,13 +166,22 @@ def parse_conversation(messages: Any) -> Conversation:
             calls = m.get("tool_calls") or []
             if not tool_calls(m, i) and not message_text(m, i).strip():
                 raise ConversationError("assistant message with no text and no tool call (an empty turn)", i)
+            earlier.update(dict.fromkeys(open_calls, turn_at))
+            open_calls, turn_at = {}, i
             for c in calls:
                 if not isinstance(c.get("id"), str) or not c["id"]:
                     raise ConversationError("tool call has no id (a tool result could not name it)", i)
+                if c["id"] in open_calls:
+                    raise ConversationError(f"two tool calls of the turn have id {c['id']!r} (a tool result "
+                                            "could not tell which it answers)", i)
                 open_calls[c["id"]] = c["function"]["name"]
             turns.append(Turn(m))
         elif role == "tool":
             call_id = m.get("tool_call_id")
+            if call_id not in open_calls and call_id in earlier:
+                raise ConversationError(f"tool result for call id {call_id!r} of the turn at message "
+                                        f"{earlier[call_id]}, after a later turn (message {turn_at}): a result "
+                                        "must come before the next turn", i)
             if call_id not in open_calls:
                 raise ConversationError(f"tool result for call id {call_id!r}, which no earlier assistant call "
                                         "left unanswered", i)

@@ -130,6 +130,13 @@ BAD = {
     "arguments integer too long": (
         lambda t: t[_call_index(t)]["tool_calls"][0]["function"].update(arguments='{"a": 1' + "0" * 5000 + "}"),
         "traj[{call}]", "arguments are not JSON (Exceeds the limit (4300 digits)"),
+    # a result after the next turn was kept as that turn's observation: its call's own turn then looked
+    # unanswered (an "Error..." result no longer excused it) and the later turn "obtained" its values
+    "tool result after the next turn": (
+        lambda t: t.insert(_call_index(t) + 2, t.pop(_call_index(t) + 1)), "traj[{call2}]", "of the turn at message {call}, after a later turn (message {call1})"),
+    "two calls of a turn with one id": (
+        lambda t: t[_call_index(t)]["tool_calls"].append(copy.deepcopy(t[_call_index(t)]["tool_calls"][0])),
+        "traj[{call}]", "two tool calls of the turn have id"),
     "tool result answered twice": (lambda t: t.insert(_call_index(t) + 2, dict(t[_call_index(t) + 1])),
                                    "traj[{call2}]", "no earlier assistant call left unanswered"),
 }
@@ -139,7 +146,8 @@ BAD = {
 def test_malformed_conversation_is_one_line_naming_conversation_and_message(tmp_path, tau, kind):
     edit, column, text = BAD[kind]
     call = _call_index(tau[0]["traj"])
-    column = column.format(call=call, call1=call + 1, call2=call + 2)
+    column, text = (x.format(call=call, call1=call + 1, call2=call + 2) for x in (column, text))
+    assert tau[0]["traj"][call + 1]["role"] == "tool" and tau[0]["traj"][call + 2]["role"] == "assistant"
     src = tmp_path / "bad.json"
     src.write_text(json.dumps([tau[1], _bad(tau, edit)]))
     out = tmp_path / "o.parquet"
