@@ -22,6 +22,11 @@ TAU = DATA / "tau-bench" / "gpt-4o-airline.json"
 
 
 @pytest.fixture(scope="module")
+def tau():
+    return json.loads(TAU.read_text())
+
+
+@pytest.fixture(scope="module")
 def tau_shard(tmp_path_factory):
     d = tmp_path_factory.mktemp("agent")
     run_cli("ingest", "messages", TAU, d / "tau.parquet")
@@ -252,6 +257,25 @@ def test_from_actions_bad_input(tmp_path):
     p = run_cli("clue", "recover", gsm, tmp_path / "c.parquet", "--from-actions", "--model", "m", check=False)
     assert p.returncode == 2 and "--from-actions uses no model" in p.stderr
     assert READ_ONLY_TOOLS.startswith("^")
+
+
+def test_clue_kinds_must_fit_the_rows(tmp_path, tau):
+    """Clues joined by problem_id onto rows of the other kind: agent clues on math solutions, and math
+    clues on conversations, which were scored by the numbers in tool results (3 real τ-bench conversations
+    under GSM8K's problem ids got ok rows with hits and first errors from GSM8K's clue values)."""
+    convs = [{**c, "task_id": f"gsm8k-test-{k}"} for k, c in enumerate(tau[:3])]
+    (tmp_path / "c.json").write_text(json.dumps(convs))
+    run_cli("ingest", "messages", tmp_path / "c.json", tmp_path / "conv.parquet")
+    run_cli("ingest", "gsm8k", DATA / "gsm8k" / "test.jsonl", tmp_path / "gsm.parquet", "--limit", 3)
+    run_cli("clue", "recover", tmp_path / "gsm.parquet", tmp_path / "math_clues.parquet", "--from-reference")
+    run_cli("clue", "score", tmp_path / "conv.parquet", tmp_path / "o.parquet", "--clues",
+            tmp_path / "math_clues.parquet", "--max-error-rate", 1, "--no-progress")
+    rows = pq.read_table(tmp_path / "o.parquet").to_pylist()
+    assert [r["clue_label"] for r in rows] == [None] * 3 and [r["clue_status"] for r in rows] == [None] * 3
+    assert all("math clues (no clue_kinds) cannot score a conversation" in r["error"] for r in rows)
+    p = run_cli("clue", "score", tmp_path / "conv.parquet", tmp_path / "o2.parquet", "--clues",
+                tmp_path / "math_clues.parquet", "--no-progress", check=False)
+    assert p.returncode == 1 and "3 of 3 rows failed (math clues" in p.stderr
 
 
 # ---- likelihood-label on turns (IGPO's information gain of the final gold action) ------------------------
