@@ -309,8 +309,16 @@ def _stringish(t: pa.DataType) -> bool:
     return pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_null(t)
 
 
+CONVERSATION_STEP_COLUMNS = ("step_observations", "step_messages")
+"""The per-turn columns of a conversation row (``ingest messages``) that stages read beside its steps."""
+
+
 def check_steps(rows: list[dict], path, first_row: int = 0) -> None:
-    """Raise :class:`InputError` for the first row whose ``steps`` is null, empty or has an empty step.
+    """Raise :class:`InputError` for the first row whose ``steps`` is null, empty or has an empty step, or
+    whose conversation columns (:data:`CONVERSATION_STEP_COLUMNS`, when not null) do not hold one entry
+    per step (a ``step_messages`` entry a string), or that has ``step_messages`` but a null
+    ``step_observations``: a judge prompt or a likelihood prefix would pair turns with the wrong
+    observations, or drop them.
 
     Rows that carry an ``error`` from an earlier stage are skipped (they pass through unlabelled).
 
@@ -327,6 +335,19 @@ def check_steps(rows: list[dict], path, first_row: int = 0) -> None:
         for k, s in enumerate(steps):
             if s is None or not s.strip():
                 raise InputError(path, f"step {k} is empty", row=first_row + i, column="steps")
+        for c in CONVERSATION_STEP_COLUMNS:
+            v = row.get(c)
+            if v is None:
+                if c == "step_observations" and c in row and row.get("step_messages") is not None:
+                    raise InputError(path, "null on a conversation row (it has step_messages)", row=first_row + i,
+                                     column=c)
+                continue
+            if not isinstance(v, list) or len(v) != len(steps):
+                raise InputError(path, f"{len(v) if isinstance(v, list) else 'no list of'} entries for {len(steps)} "
+                                       "steps (one per turn)", row=first_row + i, column=c)
+            if c == "step_messages" and any(not isinstance(x, str) for x in v):
+                raise InputError(path, f"entry {next(k for k, x in enumerate(v) if not isinstance(x, str))} is "
+                                       "not the JSON text of a turn's messages", row=first_row + i, column=c)
 
 
 def check_kept_steps(row: dict, n: int, path, i: int) -> None:

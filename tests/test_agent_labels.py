@@ -321,3 +321,45 @@ def test_likelihood_gold_action_scripted(tau_shard):
     p = run_cli("likelihood-label", gsm, tau_shard / "y.parquet", "--engine", "scripted", "--model", "scripted",
                 "--target", "gold-action", check=False)
     assert p.returncode == 1 and "reference_actions" in p.stderr
+
+
+# ---- per-turn columns that disagree with the steps ------------------------------------------------------
+
+def _edit(rows, how):
+    if how == "observations short":
+        rows[1]["step_observations"] = rows[1]["step_observations"][:-2]
+    elif how == "observations null":
+        rows[1]["step_observations"] = None
+    elif how == "messages long":
+        rows[1]["step_messages"] = rows[1]["step_messages"] + rows[1]["step_messages"][-1:]
+    return {"observations short": "'step_observations': ", "observations null": "'step_observations': null on a "
+            "conversation row", "messages long": "'step_messages': "}[how]
+
+
+STAGES = {"judge": ("judge", "--engine", "scripted", "--model", "scripted:judge", "--template", "judge-agent-step"),
+          "likelihood": ("likelihood-label", "--engine", "scripted", "--model", "scripted", "--target", "gold-action"),
+          "clue score": ("clue", "score", "--clues", "{clues}")}
+
+
+@pytest.mark.parametrize("how", ["observations short", "observations null", "messages long"])
+def test_turn_columns_must_have_one_entry_per_step(tmp_path, tau_shard, how):
+    """A conversation row whose step_observations / step_messages do not match its steps: judge raised an
+    IndexError (observation k of a turn that has none), likelihood-label --target gold-action zipped the
+    prefixes short (silently dropping turns); now every stage refuses the row in one line."""
+    import pyarrow as pa
+
+    t = pq.read_table(tau_shard / "tau.parquet").slice(0, 3)
+    rows = t.to_pylist()
+    want = _edit(rows, how)
+    bad = tmp_path / "bad.parquet"
+    pq.write_table(pa.Table.from_pylist(rows, schema=t.schema), bad)
+    clues = tmp_path / "clues.parquet"
+    run_cli("clue", "recover", tau_shard / "tau.parquet", clues, "--from-actions", "--no-progress")
+    for name, cmd in STAGES.items():
+        cmd = [c.format(clues=clues) for c in cmd]
+        k = 2 if cmd[0] == "clue" else 1
+        p = run_cli(*cmd[:k], bad, tmp_path / "o.parquet", *cmd[k:], "--no-progress", check=False)
+        lines = p.stderr.strip().splitlines()
+        assert p.returncode == 1 and len(lines) == 1, (name, p.stderr[-2000:])
+        assert lines[0].startswith(f"error: {bad}: row 1, column {want}"), (name, lines[0])
+        assert not (tmp_path / "o.parquet").exists()

@@ -56,7 +56,7 @@ from stepkit.grading.verdicts import (
 from stepkit.options import Config, opt
 from stepkit.prompts import JUDGE_MODES, PromptTemplate, judge_template, load_template, render_judge
 from stepkit.runner import LabelerStage
-from stepkit.schema import JUDGE_FIELDS, extend_schema
+from stepkit.schema import CONVERSATION_STEP_COLUMNS, JUDGE_FIELDS, extend_schema
 
 _EMPTY = {f.name: None for f in JUDGE_FIELDS}
 SCORE_THRESHOLD = 5.0
@@ -156,6 +156,7 @@ class JudgeStage(LabelerStage):
 
     name = "judge"
     required_columns = ("id", "prompt", "steps")
+    optional_columns = CONVERSATION_STEP_COLUMNS  # checked against the steps (a prompt shows the observations)
     default_chunk_size = 32
     grades_answers = False
 
