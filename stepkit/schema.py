@@ -118,6 +118,11 @@ LOG_SCALE_COLUMNS = frozenset(["lh_value", "lh_gain", "lh_reward", "lh_q"])
 """Per-step float columns in nats (log-probabilities and their differences), not values in [0, 1]: a hard
 label from them needs the stage's first-error rule (``lh_label``), never ``value > 0``."""
 
+SCORE_SCALES = {"judge_score": 10.0, "clue_score": 2.0}
+"""Per-step score columns on a scale of their own, ``0 .. top``, not values in [0, 1]: ``judge_score`` (0-10,
+a step is correct above 5), ``clue_score`` (0-2 around a neutral 1.0; ``clue_label`` is not a threshold of
+it). ``value > 0`` would call nearly every step correct, and as soft labels they are no probabilities."""
+
 MCTS_FIELDS = [  # per step: the node whose prefix ends at that step (null: not a node)
     pa.field("mcts_value", pa.list_(pa.float32())),
     pa.field("mcts_rollouts", pa.list_(pa.int32())),
