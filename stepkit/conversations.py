@@ -98,22 +98,35 @@ def call_arguments(call: dict, index: int | None = None) -> tuple[str, dict]:
     already an object).
 
     Raises:
-        ConversationError: no function name, or arguments that are not a JSON object.
+        ConversationError: no function name, or arguments that are not a JSON object: not JSON (``NaN`` and
+            ``Infinity`` are not JSON; nor an integer too long for Python), nested too deeply to read, or holding a lone UTF-16 surrogate
+            (``"\\ud800"``: no UTF-8 text, so no shard could hold it).
     """
     fn = call.get("function") if isinstance(call, dict) else None
     if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
         raise ConversationError("tool call has no function name", index)
     args = fn.get("arguments", "{}")
+    what = f"tool call {fn['name']}: arguments"
     if isinstance(args, str):
         try:
-            args = json.loads(args) if args.strip() else {}
-        except ValueError as e:
-            raise ConversationError(f"tool call {fn['name']}: arguments are not JSON ({e.msg} at char {e.pos})",
-                                    index) from None
+            args = json.loads(args, parse_constant=_not_json) if args.strip() else {}
+        except json.JSONDecodeError as e:
+            raise ConversationError(f"{what} are not JSON ({e.msg} at char {e.pos})", index) from None
+        except ValueError as e:  # NaN (parse_constant), an integer of more than 4,300 digits
+            raise ConversationError(f"{what} are not JSON ({str(e).split(';')[0]})", index) from None
+        except RecursionError:
+            raise ConversationError(f"{what} are nested too deeply to read", index) from None
+        try:
+            json.dumps(args, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise ConversationError(f"{what} hold a lone UTF-16 surrogate (not UTF-8 text)", index) from None
     if not isinstance(args, dict):
-        raise ConversationError(f"tool call {fn['name']}: arguments are a JSON {type(args).__name__}, not an object",
-                                index)
+        raise ConversationError(f"{what} are a JSON {type(args).__name__}, not an object", index)
     return fn["name"], args
+
+
+def _not_json(constant: str):
+    raise ValueError(f"{constant} is not a JSON value")
 
 
 def tool_calls(m: dict, index: int | None = None) -> list[tuple[str, dict]]:
@@ -130,14 +143,18 @@ def parse_conversation(messages: Any) -> Conversation:
     Raises:
         ConversationError: not a list of objects; an unknown role; content of the wrong type; an assistant
             message with neither text nor a tool call; a tool call with no name or non-JSON arguments, or
-            without an id; a tool result whose ``tool_call_id``
-            matches no earlier unanswered call; a tool result before the first turn; no assistant turn.
+            without an id, or with the id of another call of its turn; a tool result whose ``tool_call_id``
+            matches no unanswered call of the latest turn (a result comes after the turn that made the call
+            and before the next turn, as the Chat Completions API requires: else it would be read as the
+            observation of the wrong turn); a tool result before the first turn; no assistant turn.
     """
     if not isinstance(messages, list):
         raise ConversationError(f"messages are a {type(messages).__name__}, not a list")
     prompt: list[dict] = []
     turns: list[Turn] = []
-    open_calls: dict[str, str] = {}
+    open_calls: dict[str, str] = {}  # the latest turn's calls not answered yet
+    earlier: dict[str, int] = {}  # unanswered calls of earlier turns: the message index of their turn
+    turn_at = -1  # the message index of the latest turn
     for i, m in enumerate(messages):
         if not isinstance(m, dict):
             raise ConversationError(f"message is a {type(m).__name__}, not an object", i)
@@ -149,13 +166,22 @@ def parse_conversation(messages: Any) -> Conversation:
             calls = m.get("tool_calls") or []
             if not tool_calls(m, i) and not message_text(m, i).strip():
                 raise ConversationError("assistant message with no text and no tool call (an empty turn)", i)
+            earlier.update(dict.fromkeys(open_calls, turn_at))
+            open_calls, turn_at = {}, i
             for c in calls:
                 if not isinstance(c.get("id"), str) or not c["id"]:
                     raise ConversationError("tool call has no id (a tool result could not name it)", i)
+                if c["id"] in open_calls:
+                    raise ConversationError(f"two tool calls of the turn have id {c['id']!r} (a tool result "
+                                            "could not tell which it answers)", i)
                 open_calls[c["id"]] = c["function"]["name"]
             turns.append(Turn(m))
         elif role == "tool":
             call_id = m.get("tool_call_id")
+            if call_id not in open_calls and call_id in earlier:
+                raise ConversationError(f"tool result for call id {call_id!r} of the turn at message "
+                                        f"{earlier[call_id]}, after a later turn (message {turn_at}): a result "
+                                        "must come before the next turn", i)
             if call_id not in open_calls:
                 raise ConversationError(f"tool result for call id {call_id!r}, which no earlier assistant call "
                                         "left unanswered", i)

@@ -118,6 +118,11 @@ LOG_SCALE_COLUMNS = frozenset(["lh_value", "lh_gain", "lh_reward", "lh_q"])
 """Per-step float columns in nats (log-probabilities and their differences), not values in [0, 1]: a hard
 label from them needs the stage's first-error rule (``lh_label``), never ``value > 0``."""
 
+SCORE_SCALES = {"judge_score": 10.0, "clue_score": 2.0}
+"""Per-step score columns on a scale of their own, ``0 .. top``, not values in [0, 1]: ``judge_score`` (0-10,
+a step is correct above 5), ``clue_score`` (0-2 around a neutral 1.0; ``clue_label`` is not a threshold of
+it). ``value > 0`` would call nearly every step correct, and as soft labels they are no probabilities."""
+
 MCTS_FIELDS = [  # per step: the node whose prefix ends at that step (null: not a node)
     pa.field("mcts_value", pa.list_(pa.float32())),
     pa.field("mcts_rollouts", pa.list_(pa.int32())),
@@ -309,8 +314,16 @@ def _stringish(t: pa.DataType) -> bool:
     return pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_null(t)
 
 
+CONVERSATION_STEP_COLUMNS = ("step_observations", "step_messages")
+"""The per-turn columns of a conversation row (``ingest messages``) that stages read beside its steps."""
+
+
 def check_steps(rows: list[dict], path, first_row: int = 0) -> None:
-    """Raise :class:`InputError` for the first row whose ``steps`` is null, empty or has an empty step.
+    """Raise :class:`InputError` for the first row whose ``steps`` is null, empty or has an empty step, or
+    whose conversation columns (:data:`CONVERSATION_STEP_COLUMNS`, when not null) do not hold one entry
+    per step (a ``step_messages`` entry a string), or that has ``step_messages`` but a null
+    ``step_observations``: a judge prompt or a likelihood prefix would pair turns with the wrong
+    observations, or drop them.
 
     Rows that carry an ``error`` from an earlier stage are skipped (they pass through unlabelled).
 
@@ -327,6 +340,19 @@ def check_steps(rows: list[dict], path, first_row: int = 0) -> None:
         for k, s in enumerate(steps):
             if s is None or not s.strip():
                 raise InputError(path, f"step {k} is empty", row=first_row + i, column="steps")
+        for c in CONVERSATION_STEP_COLUMNS:
+            v = row.get(c)
+            if v is None:
+                if c == "step_observations" and c in row and row.get("step_messages") is not None:
+                    raise InputError(path, "null on a conversation row (it has step_messages)", row=first_row + i,
+                                     column=c)
+                continue
+            if not isinstance(v, list) or len(v) != len(steps):
+                raise InputError(path, f"{len(v) if isinstance(v, list) else 'no list of'} entries for {len(steps)} "
+                                       "steps (one per turn)", row=first_row + i, column=c)
+            if c == "step_messages" and any(not isinstance(x, str) for x in v):
+                raise InputError(path, f"entry {next(k for k, x in enumerate(v) if not isinstance(x, str))} is "
+                                       "not the JSON text of a turn's messages", row=first_row + i, column=c)
 
 
 def check_kept_steps(row: dict, n: int, path, i: int) -> None:

@@ -269,7 +269,8 @@ def clip(text: str, limit: int) -> str:
 
 
 def _turns(shard, row: dict) -> tuple[list[dict], list[list[dict]]]:
-    """The prompt messages and each turn's messages of a conversation row (InputError when not JSON)."""
+    """The prompt messages and each turn's messages of a conversation row (InputError when not JSON, or
+    when there is not one ``step_messages`` entry per step)."""
     def parsed(text, column):
         try:
             v = json.loads(text)
@@ -280,6 +281,10 @@ def _turns(shard, row: dict) -> tuple[list[dict], list[list[dict]]]:
         return v
 
     prompt = parsed(row["prompt_messages"], "prompt_messages") if row.get("prompt_messages") is not None else []
+    n = len(row.get("steps") or [])
+    if len(row["step_messages"]) != n:  # the labels of step k would be drawn on another turn, or dropped
+        raise InputError(shard, f"row {row.get('id')!r}: {len(row['step_messages'])} entries for {n} steps",
+                         column="step_messages")
     return prompt, [parsed(t, "step_messages") for t in row["step_messages"]]
 
 

@@ -22,6 +22,11 @@ TAU = DATA / "tau-bench" / "gpt-4o-airline.json"
 
 
 @pytest.fixture(scope="module")
+def tau():
+    return json.loads(TAU.read_text())
+
+
+@pytest.fixture(scope="module")
 def tau_shard(tmp_path_factory):
     d = tmp_path_factory.mktemp("agent")
     run_cli("ingest", "messages", TAU, d / "tau.parquet")
@@ -44,9 +49,59 @@ def test_parse_step_scores_reads_the_final_score_per_turn():
     assert parse_step_scores("- **Turn 0:** score: 6.5\n2. Turn 1: Score 0", 2) == [6.5, 0.0]
     for bad, why in (("Turn 0: score 7", "scores for 1 of 2"), ("Turn 0: 11\nTurn 1: 2", "outside 0..10"),
                      ("Turn 0: 1\nTurn 1: 2\nTurn 2: 3", "turn 2 but the conversation has 2"),
-                     ("All turns look fine: 8", "no verdict"), ("Turn 0: 5.5.5\nTurn 1: 2", "missing turn 0")):
+                     ("All turns look fine: 8", "no verdict"), ("Turn 0: 5.5.5\nTurn 1: 2", "ambiguous score for turn 0")):
         with pytest.raises(VerdictParseError, match=why):
             parse_step_scores(bad, 2)
+
+
+# Each of these was read as a score before (the value read in the comment); each is now a parse failure.
+AMBIGUOUS_SCORES = {
+    "Turn 0: -3\nTurn 1: 7": "score -3 for turn 0 is outside",  # 3.0: the sign was a separator
+    "Turn 0 -3\nTurn 1: 7": "score -3 for turn 0 is outside",  # 3.0
+    "Turn 0: \u22123\nTurn 1: 7": "score -3 for turn 0 is outside",  # skipped (a Unicode minus)
+    "Turn 0: 4/5\nTurn 1: 2/5": "score 4/5 for turn 0 is not on the 0..10 scale",  # 4.0, 2.0
+    "Turn 0: 8/100\nTurn 1: 9/10": "score 8/100 for turn 0 is not on the 0..10",  # 8.0
+    "Turn 0-1: 2\nTurn 1: 7": "score line for a range of turns",  # turn 0: 1.0 (the range's end)
+    "Turn 0: 5,5\nTurn 1: 7": "ambiguous score for turn 0",  # 5.0: incorrect, though 5.5 is correct
+    "Turn 0: 0.6e1\nTurn 1: 7": "ambiguous score for turn 0",  # 0.6
+    "Turn 0: 6 or 3\nTurn 1: 7": "ambiguous score for turn 0",  # 6.0
+    "Turn 0: 5-7\nTurn 1: 7": "ambiguous score for turn 0",  # 5.0
+    "Turn 0: 9\nTurn 1: 7\nTurn 1: 2 tool calls were wrong": "ambiguous score for turn 1",  # 2.0, the last
+}
+
+
+@pytest.mark.parametrize("reply", sorted(AMBIGUOUS_SCORES))
+def test_parse_step_scores_never_guesses_a_score(reply):
+    with pytest.raises(VerdictParseError, match=AMBIGUOUS_SCORES[reply]):
+        parse_step_scores(reply, 2)
+
+
+def test_parse_step_scores_formats_and_comments():
+    for reply in ("Turn 0 - 7/10\nTurn 1 - 3/10", "turn_0: 7\nturn_1: 3", "| Turn 0 | 7 |\n| Turn 1 | 3 |",
+                  "Turn 0: 7 out of 10\nTurn 1: score=3", "Turn 0: 7 - asks for the user id\nTurn 1: 3. Wrong flight.",
+                  "Turn 0: score 7 (good)\nTurn 1: **3**, cancels without asking", "Turn 0 \u2013 7\nTurn 1: 3/10!",
+                  "Turn 0 was fine.\nTurn 1 made 2 calls.\nTurn 0: 7\nTurn 1: 3"):
+        assert parse_step_scores(reply, 2) == [7.0, 3.0], reply
+    # a template that tags steps <paragraph_k> is answered "Paragraph k: S": those lines win over "Turn k"
+    assert parse_step_scores("Turn 0: 1\nParagraph 0: 7\nParagraph 1: 3", 2, tags=("paragraph", "turn")) == [7.0, 3.0]
+
+
+def test_own_score_template_without_step_tag_is_parsed(tmp_path):
+    """A ``mode: per-step-score`` template of one's own (no ``step_tag``: steps tagged ``<paragraph_k>``)
+    asking for ``Paragraph k: score S``: every reply was a parse failure (only ``Turn k`` lines were read)."""
+    from stepkit.engines.base import EngineSpec, SamplingConfig
+    from stepkit.engines.scripted import ScriptedEngine
+    from stepkit.stages.judge import JudgeConfig, JudgeStage
+
+    t = tmp_path / "mine.yaml"
+    t.write_text("version: mine-v1\nmode: per-step-score\nuser: |-\n  {problem}\n  {steps}\n  End with "
+                 "{n_steps} lines 'Paragraph k: score S' (0-10).\n")
+    engine = ScriptedEngine(lambda prompt, j, n: "Paragraph 0: score 9\nParagraph 1: score 2", "scripted:judge")
+    stage = JudgeStage(JudgeConfig(template=str(t)), EngineSpec.of(engine), SamplingConfig(temperature=0.7))
+    stage.open()
+    (r,), _ = stage.process([{"id": "a", "problem_id": "p", "prompt": "Book a flight.", "error": None,
+                              "steps": ["I need your user id.", "Booked."]}])
+    assert r["judge_status"] == "ok" and r["judge_score"] == [9.0, 2.0] and r["judge_label"] == [True, False]
 
 
 def test_vote_row_scores_mean_and_label_above_five():
@@ -204,6 +259,25 @@ def test_from_actions_bad_input(tmp_path):
     assert READ_ONLY_TOOLS.startswith("^")
 
 
+def test_clue_kinds_must_fit_the_rows(tmp_path, tau):
+    """Clues joined by problem_id onto rows of the other kind: agent clues on math solutions, and math
+    clues on conversations, which were scored by the numbers in tool results (3 real τ-bench conversations
+    under GSM8K's problem ids got ok rows with hits and first errors from GSM8K's clue values)."""
+    convs = [{**c, "task_id": f"gsm8k-test-{k}"} for k, c in enumerate(tau[:3])]
+    (tmp_path / "c.json").write_text(json.dumps(convs))
+    run_cli("ingest", "messages", tmp_path / "c.json", tmp_path / "conv.parquet")
+    run_cli("ingest", "gsm8k", DATA / "gsm8k" / "test.jsonl", tmp_path / "gsm.parquet", "--limit", 3)
+    run_cli("clue", "recover", tmp_path / "gsm.parquet", tmp_path / "math_clues.parquet", "--from-reference")
+    run_cli("clue", "score", tmp_path / "conv.parquet", tmp_path / "o.parquet", "--clues",
+            tmp_path / "math_clues.parquet", "--max-error-rate", 1, "--no-progress")
+    rows = pq.read_table(tmp_path / "o.parquet").to_pylist()
+    assert [r["clue_label"] for r in rows] == [None] * 3 and [r["clue_status"] for r in rows] == [None] * 3
+    assert all("math clues (no clue_kinds) cannot score a conversation" in r["error"] for r in rows)
+    p = run_cli("clue", "score", tmp_path / "conv.parquet", tmp_path / "o2.parquet", "--clues",
+                tmp_path / "math_clues.parquet", "--no-progress", check=False)
+    assert p.returncode == 1 and "3 of 3 rows failed (math clues" in p.stderr
+
+
 # ---- likelihood-label on turns (IGPO's information gain of the final gold action) ------------------------
 
 def test_gold_action_answer_and_agent_scaffold_text():
@@ -247,3 +321,45 @@ def test_likelihood_gold_action_scripted(tau_shard):
     p = run_cli("likelihood-label", gsm, tau_shard / "y.parquet", "--engine", "scripted", "--model", "scripted",
                 "--target", "gold-action", check=False)
     assert p.returncode == 1 and "reference_actions" in p.stderr
+
+
+# ---- per-turn columns that disagree with the steps ------------------------------------------------------
+
+def _edit(rows, how):
+    if how == "observations short":
+        rows[1]["step_observations"] = rows[1]["step_observations"][:-2]
+    elif how == "observations null":
+        rows[1]["step_observations"] = None
+    elif how == "messages long":
+        rows[1]["step_messages"] = rows[1]["step_messages"] + rows[1]["step_messages"][-1:]
+    return {"observations short": "'step_observations': ", "observations null": "'step_observations': null on a "
+            "conversation row", "messages long": "'step_messages': "}[how]
+
+
+STAGES = {"judge": ("judge", "--engine", "scripted", "--model", "scripted:judge", "--template", "judge-agent-step"),
+          "likelihood": ("likelihood-label", "--engine", "scripted", "--model", "scripted", "--target", "gold-action"),
+          "clue score": ("clue", "score", "--clues", "{clues}")}
+
+
+@pytest.mark.parametrize("how", ["observations short", "observations null", "messages long"])
+def test_turn_columns_must_have_one_entry_per_step(tmp_path, tau_shard, how):
+    """A conversation row whose step_observations / step_messages do not match its steps: judge raised an
+    IndexError (observation k of a turn that has none), likelihood-label --target gold-action zipped the
+    prefixes short (silently dropping turns); now every stage refuses the row in one line."""
+    import pyarrow as pa
+
+    t = pq.read_table(tau_shard / "tau.parquet").slice(0, 3)
+    rows = t.to_pylist()
+    want = _edit(rows, how)
+    bad = tmp_path / "bad.parquet"
+    pq.write_table(pa.Table.from_pylist(rows, schema=t.schema), bad)
+    clues = tmp_path / "clues.parquet"
+    run_cli("clue", "recover", tau_shard / "tau.parquet", clues, "--from-actions", "--no-progress")
+    for name, cmd in STAGES.items():
+        cmd = [c.format(clues=clues) for c in cmd]
+        k = 2 if cmd[0] == "clue" else 1
+        p = run_cli(*cmd[:k], bad, tmp_path / "o.parquet", *cmd[k:], "--no-progress", check=False)
+        lines = p.stderr.strip().splitlines()
+        assert p.returncode == 1 and len(lines) == 1, (name, p.stderr[-2000:])
+        assert lines[0].startswith(f"error: {bad}: row 1, column {want}"), (name, lines[0])
+        assert not (tmp_path / "o.parquet").exists()

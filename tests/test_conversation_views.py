@@ -127,3 +127,20 @@ def test_a_damaged_conversation_is_one_line(labelled, tmp_path):
     assert p.returncode == 1 and p.stderr.strip().splitlines()[-1].startswith("error: ")
     assert json.loads(msgs[1][0])[0]["role"] == "assistant"  # the other rows are fine
     assert "turn 0" in shown(bad, index=1)
+
+
+def test_turns_that_disagree_with_the_steps_are_one_line(labelled, tmp_path):
+    """A row with one ``step_messages`` entry fewer than steps: show drew the labels on the turns it had and
+    dropped the last, stats left the row's labels out of the per-turn table; both now refuse the row."""
+    t = pq.read_table(labelled)
+    msgs = t.column("step_messages").to_pylist()
+    msgs[0] = msgs[0][:-1]
+    bad = tmp_path / "bad.parquet"
+    i = t.schema.get_field_index("step_messages")
+    pq.write_table(t.set_column(i, "step_messages", pa.array(msgs, pa.list_(pa.string()))), bad)
+    n = len(t.column("steps")[0])
+    with pytest.raises(InputError, match=rf"column 'step_messages': row '0-0': {n - 1} entries for {n} steps"):
+        shown(bad, index=0)
+    p = run_cli("stats", bad, check=False)
+    assert p.returncode == 1 and p.stderr.strip().splitlines()[-1].startswith("error: ")
+    assert f"{n - 1} entries for {n} steps" in p.stderr

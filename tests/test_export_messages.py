@@ -123,6 +123,29 @@ def test_values_give_hard_labels_above_the_threshold_or_soft_labels(labelled_tau
         ExportConfig(format="math-shepherd", labels="mc_value", soft=True)
 
 
+@pytest.mark.parametrize("col", ["judge_score", "clue_score"])
+def test_scores_on_their_own_scale_need_a_threshold_and_are_never_soft(labelled_tau, tmp_path, col):
+    """judge_score is 0-10 (correct above 5), clue_score 0-2 around a neutral 1: with the default
+    ``value > 0`` a turn the judge scored 2 exported as correct, and ``--soft`` wrote "probabilities" of 8.0
+    or 2.0. Now both need --threshold (or the stage's own label column)."""
+    rows = read_rows(labelled_tau)
+    top = {"judge_score": 10.0, "clue_score": 2.0}[col]
+    values = [[top * (s % 3) / 4 for s in range(len(r["steps"]))] for r in rows]  # 0, top/4, top/2, ...
+    src = set_column(labelled_tau, tmp_path / "scores.parquet", col, values, pa.list_(pa.float32()))
+    for soft in (False, True):
+        with pytest.raises(InputError, match=rf"column '{col}': holds 0-{top:g} scores, not values in \[0, 1\]"):
+            export(src, tmp_path / "o", ExportConfig(format="messages", labels=col, soft=soft))
+        assert not (tmp_path / "o").exists()
+    with pytest.raises(InputError, match="they are no soft labels"):
+        export(src, tmp_path / "o", ExportConfig(format="trl", labels=col, soft=True, threshold=top / 2))
+    export(src, tmp_path / "hard", ExportConfig(format="messages", labels=col, threshold=top / 2 - 0.01))
+    assert load(tmp_path / "hard")["labels"] == [[v > top / 2 - 0.01 for v in vs] for vs in values]
+    p = run_cli("export", src, tmp_path / "cli", "--format", "messages", "--labels", col, check=False)
+    assert p.returncode == 1 and p.stderr.strip().splitlines() == [
+        f"error: {src}: column '{col}': holds 0-{top:g} scores, not values in [0, 1]: value > 0 would call nearly "
+        f"every step correct; use --labels {col.replace('_score', '_label')}, or hard labels with --threshold X"]
+
+
 def test_message_variants_are_written_in_the_fixed_struct_and_left_out_keys_counted(labelled_tau, tmp_path):
     t = pq.read_table(labelled_tau)
     steps = t.column("step_messages").to_pylist()

@@ -117,6 +117,26 @@ BAD = {
     "content a number": (lambda t: t[1].update(content=5), "traj[1]", "content is a int"),
     "no assistant turn": (lambda t: t.__setitem__(slice(2, None), []), "traj", "no assistant message"),
     "empty turn": (lambda t: t[2].update(content=" \n"), "traj[2]", "no text and no tool call (an empty turn)"),
+    # arguments json.loads took, or failed on with a traceback (RecursionError, a surrogate pyarrow could not
+    # write, an AttributeError reading the int-limit ValueError)
+    "arguments NaN": (lambda t: t[_call_index(t)]["tool_calls"][0]["function"].update(arguments='{"a": NaN}'),
+                      "traj[{call}]", "arguments are not JSON (NaN is not a JSON value)"),
+    "arguments nested too deeply": (
+        lambda t: t[_call_index(t)]["tool_calls"][0]["function"].update(arguments="[" * 100_000),
+        "traj[{call}]", "arguments are nested too deeply to read"),
+    "arguments lone surrogate": (
+        lambda t: t[_call_index(t)]["tool_calls"][0]["function"].update(arguments='{"user_id": "\\ud800"}'),
+        "traj[{call}]", "arguments hold a lone UTF-16 surrogate"),
+    "arguments integer too long": (
+        lambda t: t[_call_index(t)]["tool_calls"][0]["function"].update(arguments='{"a": 1' + "0" * 5000 + "}"),
+        "traj[{call}]", "arguments are not JSON (Exceeds the limit (4300 digits)"),
+    # a result after the next turn was kept as that turn's observation: its call's own turn then looked
+    # unanswered (an "Error..." result no longer excused it) and the later turn "obtained" its values
+    "tool result after the next turn": (
+        lambda t: t.insert(_call_index(t) + 2, t.pop(_call_index(t) + 1)), "traj[{call2}]", "of the turn at message {call}, after a later turn (message {call1})"),
+    "two calls of a turn with one id": (
+        lambda t: t[_call_index(t)]["tool_calls"].append(copy.deepcopy(t[_call_index(t)]["tool_calls"][0])),
+        "traj[{call}]", "two tool calls of the turn have id"),
     "tool result answered twice": (lambda t: t.insert(_call_index(t) + 2, dict(t[_call_index(t) + 1])),
                                    "traj[{call2}]", "no earlier assistant call left unanswered"),
 }
@@ -126,7 +146,8 @@ BAD = {
 def test_malformed_conversation_is_one_line_naming_conversation_and_message(tmp_path, tau, kind):
     edit, column, text = BAD[kind]
     call = _call_index(tau[0]["traj"])
-    column = column.format(call=call, call1=call + 1, call2=call + 2)
+    column, text = (x.format(call=call, call1=call + 1, call2=call + 2) for x in (column, text))
+    assert tau[0]["traj"][call + 1]["role"] == "tool" and tau[0]["traj"][call + 2]["role"] == "assistant"
     src = tmp_path / "bad.json"
     src.write_text(json.dumps([tau[1], _bad(tau, edit)]))
     out = tmp_path / "o.parquet"
@@ -148,6 +169,9 @@ def test_other_bad_records(tmp_path, tau, checker):
         ([{**tau[0], "info": {"task": {"actions": [{"name": "x", "kwargs": "[1"}]}}}],
          "row 0, column 'info.task.actions': action 0: tool call x: arguments are not JSON"),
         ([[1, 2]], "row 0: expected an object, found list"),
+        ([{**tau[0], "reward": 10 ** 400}], "row 0, column 'reward': the outcome is inf (not a finite number)"),
+        ([{**tau[0], "info": {"task": {"actions": [{"name": "x", "kwargs": '{"a": "\\udfff"}'}]}}}],
+         "row 0, column 'info.task.actions': action 0: tool call x: arguments hold a lone UTF-16 surrogate"),
     ]
     for data, want in cases:
         src.write_text(json.dumps(data))
@@ -225,3 +249,32 @@ def test_ingest_messages_fuzz(tmp_path, tau, checker, data):
     for r in rows:
         assert len(r["steps"]) == len(r["step_observations"]) == len(r["step_messages"]) >= 1
         assert all(s.strip() for s in r["steps"])  # an empty step would be refused by every later stage
+
+
+@pytest.mark.parametrize("as_list", [True, False], ids=["json-list", "jsonl"])
+def test_ingest_messages_from_a_named_pipe_reads_it_once(tmp_path, tau, as_list):
+    """A pipe can be read once: the format used to be guessed from a first read of FILE, which ate the
+    pipe's head (``error: ...: expected a JSON list of ProcessBench rows`` / ``row 0: not valid JSON``)."""
+    import hashlib
+    import os
+    import subprocess
+    import sys
+    import threading
+
+    convs = tau[:3]
+    data = (json.dumps(convs) if as_list else "".join(json.dumps(c) + "\n" for c in convs)).encode()
+    fifo = tmp_path / "convs.json"
+    os.mkfifo(fifo)
+
+    def feed():
+        with open(fifo, "wb") as f:
+            f.write(data)
+
+    threading.Thread(target=feed, daemon=True).start()
+    out = tmp_path / "o.parquet"
+    p = subprocess.run([sys.executable, "-m", "stepkit.cli", "ingest", "messages", str(fifo), str(out)],
+                       capture_output=True, text=True, timeout=90)
+    assert p.returncode == 0, p.stderr
+    assert [row_messages(r) for r in pq.read_table(out).to_pylist()] == [c["traj"] for c in convs]
+    m = json.loads(out.with_name("o.manifest.json").read_text())
+    assert m["input"]["sha256"] == hashlib.sha256(data).hexdigest()

@@ -212,53 +212,88 @@ def parse_step_verdicts(text: str, n_steps: int) -> list[bool]:
     return [last[k] for k in range(n_steps)]
 
 
-_TURN_HEAD = re.compile(r"(?:[0-9]{1,3}[.)][ \t]+)?[*_]*turn[ \t_]?([0-9]{1,4})(?![0-9])", re.IGNORECASE)
-_SCORE = re.compile(r"(?:score[ \t]*(?:of|is|=|:)?[ \t]*)?[*_]*([0-9]{1,2}(?:\.[0-9]+)?)[*_]*(?:[ \t]*/[ \t]*10)?"
-                    r"(?![0-9.]*[0-9])", re.IGNORECASE)
+_SCORE_SEP = re.compile("[ \t*_:.)=|`'\"\u2013\u2014\u2212-]*")
+_SCORE = re.compile(r"(?:score[ \t]*(?:of|is|=|:)?[ \t]*)?[*_]*([-\u2212]?[0-9]{1,2}(?:\.[0-9]+)?)(?![0-9])[*_]*"
+                    r"(?:[ \t]*(?:/|out[ \t]+of)[ \t]*([0-9]+(?:\.[0-9]+)?))?", re.IGNORECASE)
+# What may follow a score on its line: nothing, or a delimiter before a comment ("7 - asks for the id",
+# "7 (good)", "7. Good", "| 7 |"). A number, word, sign or exponent right after it ("7,5", "6-7", "6 or 3",
+# "0.5e1", "7%", "2 tool calls were wrong") makes the line ambiguous.
+_SCORE_END = re.compile(r"[*_]*(?:[.,;!]?[ \t]*$|[.,;!:]?[ \t]*[(\[|\u2013\u2014](?![ \t]*[0-9])"
+                        r"|[.,;!:][ \t]+[^0-9 \t]|[ \t]+-[ \t]+[^0-9 \t])")
 
 
-def parse_step_scores(text: str, n_steps: int, scale: float = 10.0) -> list[float]:
+def _score_head(tags: tuple[str, ...]) -> re.Pattern:
+    words = "|".join(re.escape(t) for t in tags)
+    return re.compile(rf"(?:[0-9]{{1,3}}[.)][ \t]+)?[*_]*({words})[ \t_]?([0-9]{{1,4}})(?![0-9])", re.IGNORECASE)
+
+
+def parse_step_scores(text: str, n_steps: int, scale: float = 10.0, tags: tuple[str, ...] = ("turn",)) -> list[float]:
     """Per-turn scores of a scored per-step reply: lines ``Turn k: score S`` with ``0 <= S <= scale``
-    (also ``Turn k: S``, ``Turn k: S/10``; markdown bold and list numbers allowed), the format of the
-    ``judge-agent-step`` template (WebSTAR / StepRM-style 0-10 turn scores). A turn stated more than
-    once counts with its last statement (the reply's final verdict). Each line is examined up to 300
-    characters.
+    (also ``Turn k: S``, ``Turn k - S/10``, ``Turn k: S out of 10``; markdown bold, list numbers and table
+    pipes allowed; after the score, a delimiter may start a comment: ``Turn 2: 7 - asks for the id``), the
+    format of the ``judge-agent-step`` template (WebSTAR / StepRM-style 0-10 turn scores). A turn stated
+    more than once counts with its last statement (the reply's final verdict). Each line is examined up to
+    300 characters.
+
+    ``tags`` are the words that start a score line (``turn``; a template with another ``step_tag`` adds
+    its own): when a reply uses several, only the lines of the first one it uses count.
+
+    A line that names a turn and then a number is a score statement and must be unambiguous: never a
+    negative score read without its sign (``Turn 0: -3``), a range of turns (``Turn 0-2: 4``), a score on
+    another scale (``4/5``, ``8 out of 100``), or a number followed by more number or words (``7,5``,
+    ``6-7``, ``6 or 3``, ``2 tool calls failed``), all of which used to be read as a score. A line whose
+    turn is followed by words (``Turn 1 was fine``) says nothing and is skipped.
 
     Args:
         text: the judge's reply.
         n_steps: M >= 1 turns.
         scale: the top of the score range.
+        tags: the head words of a score line.
 
     Returns:
         M scores (floats in [0, scale]), turn 0 first.
 
     Raises:
-        VerdictParseError: no score line; a score outside [0, scale]; a score for a turn that does not
-            exist; or scores for fewer than M turns (never read as a verdict).
+        VerdictParseError: no score line; a score outside [0, scale] or on another scale; an ambiguous score
+            line (above); a score for a turn that does not exist; or scores for fewer than M turns (never
+            read as a verdict).
     """
-    found: dict[int, float] = {}
+    head_re = _score_head(tags)
+    found: dict[str, dict[int, float]] = {t.lower(): {} for t in tags}
     for line in text.splitlines():
         line = line[:_LINE_CAP].lstrip(_LEAD)
-        head = _TURN_HEAD.match(line)
-        if head is None or (len(head.group(1)) > 1 and head.group(1).startswith("0")):
+        head = head_re.match(line)
+        if head is None or (len(head.group(2)) > 1 and head.group(2).startswith("0")):
             continue
-        rest = line[head.end():].lstrip(_SEP)
-        m = _SCORE.match(rest)
+        k, rest = int(head.group(2)), line[head.end():]
+        if re.match(r"[-\u2013\u2014\u2212][0-9]", rest):
+            raise VerdictParseError(f"score line for a range of turns: {line.strip()[:60]!r}")
+        sep = _SCORE_SEP.match(rest).group()
+        body = rest[len(sep):]
+        m = _SCORE.match(body)
         if m is None:
             continue
-        k, score = int(head.group(1)), float(m.group(1))
+        number = m.group(1).replace("\u2212", "-")
+        if len(sep) > 1 and sep[-1] in "-\u2212" and sep[-2] in " \t:=":  # "Turn 0: -3", "Turn 0 -3"
+            number = "-" + number
+        score = float(number)
         if not 0 <= score <= scale:
-            raise VerdictParseError(f"score {m.group(1)} for turn {k} is outside 0..{scale:g}")
-        found[k] = score
-    if not found:
-        raise VerdictParseError("no verdict: no 'Turn k: score S' line")
-    extra = sorted(k for k in found if k >= n_steps)
+            raise VerdictParseError(f"score {number} for turn {k} is outside 0..{scale:g}")
+        if m.group(2) is not None and float(m.group(2)) != scale:
+            raise VerdictParseError(f"score {m.group(1)}/{m.group(2)} for turn {k} is not on the 0..{scale:g} scale")
+        if not _SCORE_END.match(body, m.end()):
+            raise VerdictParseError(f"ambiguous score for turn {k}: {line.strip()[:60]!r}")
+        found[head.group(1).lower()][k] = score
+    found_tag = next((f for f in found.values() if f), {})
+    if not found_tag:
+        raise VerdictParseError(f"no verdict: no '{tags[0].title()} k: score S' line")
+    extra = sorted(k for k in found_tag if k >= n_steps)
     if extra:
         raise VerdictParseError(f"score for turn {extra[0]} but the conversation has {n_steps} turns")
-    if len(found) != n_steps:
-        missing = [k for k in range(n_steps) if k not in found]
-        raise VerdictParseError(f"scores for {len(found)} of {n_steps} turns (missing turn {missing[0]})")
-    return [found[k] for k in range(n_steps)]
+    if len(found_tag) != n_steps:
+        missing = [k for k in range(n_steps) if k not in found_tag]
+        raise VerdictParseError(f"scores for {len(found_tag)} of {n_steps} turns (missing turn {missing[0]})")
+    return [found_tag[k] for k in range(n_steps)]
 
 
 def first_error_of(labels: list[bool | None]) -> int | None:

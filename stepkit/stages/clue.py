@@ -55,7 +55,7 @@ The first-error rule (``clue_first_error``, 0-based, -1 none), exactly:
    (``bench/clue_processbench.py``).
 
 Agent turns (clue rows with ``clue_kinds``; the trajectory rows need ``step_messages`` from ``ingest
-messages``) follow :func:`stepkit.grading.actions.match_turns` instead: a turn earns the value clues its
+messages``, and a conversation row joined to math clues is a row error, never scored by numbers) follow :func:`stepkit.grading.actions.match_turns` instead: a turn earns the value clues its
 observation first holds and the gold calls it makes; a state-changing call that is no gold call
 contradicts; a conversation that misses a gold call contradicts at its last turn. ``clue_coverage`` counts
 the clues not already given by the prompt.
@@ -567,6 +567,11 @@ class ClueScoreStage(EngineStage):
         for r in agents:
             self._score_turns(r, counters)
         todo = [r for r in todo if r["_clues"].get("clue_kinds") is None]
+        for r in todo:
+            if r.get("step_messages") is not None:  # numbers in tool results would "establish" math clues
+                r["error"] = RowError(self.name, "math clues (no clue_kinds) cannot score a conversation's turns "
+                                                 "(step_messages): recover its clues with `clue recover --from-actions`")
+        todo = [r for r in todo if not r.get("error")]
         reads = {id(r): [read_step(s) for s in r["steps"]] for r in todo}
         found = self._numeric_matches(todo, reads)
         verdicts = self._llm_verdicts(todo, counters)

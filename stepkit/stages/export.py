@@ -6,8 +6,9 @@ Formats (``FORMATS``), each with explicit ``datasets`` features (never inferred 
   ``completions`` list of step strings, ``labels`` one per step). Hard labels are ``List(bool)``;
   ``--soft`` writes ``List(float32)`` from a value column. TRL's ``PRMTrainer`` converts each label with
   ``int()`` (so 0.75 trains as 0, case ``trl-prm-soft-labels-truncated``): hard labels from a value
-  column follow a recorded rule, ``value > --threshold`` (default 0: Math-Shepherd's hard estimate), and
-  the values are kept beside them as ``soft_labels``. One dataset never mixes hard and soft labels.
+  column follow a recorded rule, ``value > --threshold`` (default 0: Math-Shepherd's hard estimate; a
+  score column on a scale of its own, ``stepkit.schema.SCORE_SCALES``, needs it given and is never
+  soft), and the values are kept beside them as ``soft_labels``. One dataset never mixes hard and soft labels.
 * ``math-shepherd`` — Math-Shepherd's ``input`` (the problem, a space, then each step followed by the
   step tag `` ки``, steps joined by newlines), ``label`` (the same text with ``+`` / ``-`` in place of
   each tag) and ``task`` (``GSM8K``/``MATH`` from ``source``, or ``--task``).
@@ -54,7 +55,7 @@ from stepkit import __version__
 from stepkit.errors import ConfigError, InputError, StepkitError
 from stepkit.grading.verdicts import first_error_of, labels_from_first_error
 from stepkit.options import Config, opt
-from stepkit.schema import LOG_SCALE_COLUMNS, check_column_types, check_columns, check_kept_steps
+from stepkit.schema import LOG_SCALE_COLUMNS, SCORE_SCALES, check_column_types, check_columns, check_kept_steps
 from stepkit.shards import (
     file_sha256,
     iter_row_chunks,
@@ -82,7 +83,8 @@ class ExportConfig(Config):
                                    "first-error index (int). Not used by --format pairs.", metavar="COL")
     soft: bool = opt(False, "trl, messages: write the values of a list<float> column as soft labels "
                             "(List(float32)).")
-    threshold: float = opt(0.0, "Hard labels from a value column: value > X (0: Math-Shepherd's hard estimate).")
+    threshold: float | None = opt(None, "Hard labels from a value column: value > X [default: 0, Math-Shepherd's "
+                                        "hard estimate; judge_score / clue_score need X given].")
     on_null: str = opt("drop", "A row with null labels: drop it (counted) or stop with an error.",
                        choices=("drop", "error"))
     test_size: float | None = opt(None, "Problems in the test split: a share (0 < x < 1) or a count (>= 1).",
@@ -165,7 +167,12 @@ def _check_row(row: dict, path: Path, i: int, fmt: str, seen: set) -> None:
     check_kept_steps(row, len(steps), path, i)
 
 
-def _label_kind(schema: pa.Schema, path: Path, col: str, soft: bool = False) -> str:
+def threshold(cfg: ExportConfig) -> float:
+    """The threshold of hard labels from values: ``--threshold``, else 0 (Math-Shepherd's hard estimate)."""
+    return 0.0 if cfg.threshold is None else cfg.threshold
+
+
+def _label_kind(schema: pa.Schema, path: Path, col: str, soft: bool = False, threshold: float | None = None) -> str:
     if col not in schema.names:
         raise InputError(path, f"missing --labels column (has: {', '.join(schema.names)})", column=col)
     t = schema.field(col).type
@@ -179,6 +186,12 @@ def _label_kind(schema: pa.Schema, path: Path, col: str, soft: bool = False) -> 
                 raise InputError(path, "holds log-probabilities (nats), not values in [0, 1]: hard labels from it "
                                        "need likelihood-label's first-error rule; use --labels lh_label (or "
                                        "lh_first_error), or --soft to export the values", column=col)
+            if col in SCORE_SCALES and (soft or threshold is None):
+                own = col.replace("_score", "_label")
+                raise InputError(path, f"holds 0-{SCORE_SCALES[col]:g} scores, not values in [0, 1]: "
+                                       + ("they are no soft labels" if soft else "value > 0 would call nearly every "
+                                          "step correct") + f"; use --labels {own}, or hard labels with --threshold X",
+                                 column=col)
             return "float"
     raise InputError(path, f"--labels needs step labels (list<bool>), step values (list<float>) or a first-error "
                            f"index (int), found {t}", column=col)
@@ -220,7 +233,7 @@ class Converter:
         check_columns(schema, REQUIRED[self.cfg.format], path)  # steps list<string>, id string, outcome bool
         # the other columns it reads (filter_*, <labeller>_status, source, generator); --labels by its kind
         check_column_types(schema, path, [c for c in schema.names if c != self.cfg.labels])
-        kind = _label_kind(schema, path, self.cfg.labels, self.cfg.soft)
+        kind = _label_kind(schema, path, self.cfg.labels, self.cfg.soft, self.cfg.threshold)
         if self.cfg.soft and kind != "float":
             raise InputError(path, f"--soft needs step values (list<float>), found "
                                    f"{schema.field(self.cfg.labels).type}", column=self.cfg.labels)
@@ -255,7 +268,7 @@ class Converter:
             return v, None
         if any(not math.isfinite(x) for x in v):
             raise InputError(path, "a step value is not a finite number", row=i, column=col)
-        return (v, None) if self.cfg.soft else ([x > self.cfg.threshold for x in v], v)
+        return (v, None) if self.cfg.soft else ([x > threshold(self.cfg) for x in v], v)
 
     def convert(self, row: dict, path: Path, i: int) -> dict | None:
         """The output record of ``row``; None when its labels are null. A row that ``stepkit filter
@@ -501,7 +514,7 @@ def _label_rule(cfg: ExportConfig, kind: str | None) -> str:
         return f"hard labels as written in {src}"
     if cfg.soft:
         return f"soft labels: the step values of {src}, as float32"
-    return f"hard labels: value > {cfg.threshold:g} of the step values {src} (kept as soft_labels)"
+    return f"hard labels: value > {threshold(cfg):g} of the step values {src} (kept as soft_labels)"
 
 
 def _verify(folder: Path, data_files: dict[str, list[str]], features) -> dict[str, int]:

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import io
 import json
 import os
 import re
@@ -43,7 +44,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from stepkit import __version__
 from stepkit.errors import ConfigError, InputError, parse_failure
@@ -204,34 +205,40 @@ def read_jsonl(path: Path, digest=None, head: bytearray | None = None) -> Iterat
     except OSError as e:
         raise InputError(path, e.strerror or str(e)) from None
     with f:
-        i, offset = -1, 0
-        while True:
-            try:
-                raw = f.readline()
-            except OSError as e:
-                raise InputError(path, f"cannot read after row {i} ({e.strerror or e})") from None
-            if not raw:
-                break
-            i += 1
-            if digest is not None:
-                digest.update(raw)
-            if head is not None and len(head) < HEAD_BYTES:
-                head += raw[:HEAD_BYTES - len(head)]
-            start, offset = offset, offset + len(raw)
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as e:  # on the first line, perhaps a binary file
-                where = f"at byte {e.start} of the row, byte {start + e.start} of the file"
-                raise (_FormatError if i == 0 else InputError)(
-                    path, f"not UTF-8 text ({e.reason} 0x{raw[e.start]:02x} {where})", row=i) from None
-            if i == 0:
-                line = line.removeprefix("\ufeff")  # a byte order mark
-            if not line.strip():
-                continue
-            obj = _loads(line, path, i)
-            if not isinstance(obj, dict):
-                raise _FormatError(path, f"expected a JSON object, found {_json_type(obj)}", row=i)
-            yield i, obj
+        yield from jsonl_records(f, path, digest, head)
+
+
+def jsonl_records(f: BinaryIO, path: Path, digest=None, head: bytearray | None = None) -> Iterator[tuple[int, dict]]:
+    """:func:`read_jsonl` on an open binary stream ``f`` (bytes already read once, e.g. ``io.BytesIO``);
+    ``path`` names the file in errors."""
+    i, offset = -1, 0
+    while True:
+        try:
+            raw = f.readline()
+        except OSError as e:
+            raise InputError(path, f"cannot read after row {i} ({e.strerror or e})") from None
+        if not raw:
+            break
+        i += 1
+        if digest is not None:
+            digest.update(raw)
+        if head is not None and len(head) < HEAD_BYTES:
+            head += raw[:HEAD_BYTES - len(head)]
+        start, offset = offset, offset + len(raw)
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as e:  # on the first line, perhaps a binary file
+            where = f"at byte {e.start} of the row, byte {start + e.start} of the file"
+            raise (_FormatError if i == 0 else InputError)(
+                path, f"not UTF-8 text ({e.reason} 0x{raw[e.start]:02x} {where})", row=i) from None
+        if i == 0:
+            line = line.removeprefix("\ufeff")  # a byte order mark
+        if not line.strip():
+            continue
+        obj = _loads(line, path, i)
+        if not isinstance(obj, dict):
+            raise _FormatError(path, f"expected a JSON object, found {_json_type(obj)}", row=i)
+        yield i, obj
 
 
 def _read_whole(path: Path) -> bytes:
@@ -586,7 +593,10 @@ class Ingester:
     # ---- ProcessBench --------------------------------------------------------------------------
     def _whole_text(self) -> str:
         """FILE as UTF-8 text (read once; a byte-order mark dropped)."""
-        data = self._whole()
+        return self._decode(self._whole())
+
+    def _decode(self, data: bytes) -> str:
+        """``data`` (FILE's bytes) as UTF-8 text, a byte-order mark dropped."""
         try:
             text = data.decode("utf-8")
         except UnicodeDecodeError as e:
@@ -703,12 +713,11 @@ class Ingester:
     def _messages(self):
         from stepkit.stages.ingest_messages import MESSAGES_SCHEMA, conversation_rows
 
-        try:  # a JSON list of conversations (τ-bench's files), else JSON Lines
-            with open(self.path, "rb") as f:
-                is_list = f.read(HEAD_BYTES).lstrip(b"\xef\xbb\xbf \t\r\n").startswith(b"[")
-        except OSError as e:
-            raise InputError(self.path, f"cannot read ({e.strerror or e})") from None
-        items = list(_json_list(self._whole_text(), self.path)) if is_list else self._jsonl()
+        data = self._whole()  # read once: FILE may be a pipe
+        if data.lstrip(b"\xef\xbb\xbf \t\r\n").startswith(b"["):  # a JSON list (τ-bench's files)
+            items = list(_json_list(self._decode(data), self.path))
+        else:  # JSON Lines
+            items = list(jsonl_records(io.BytesIO(data), self.path))
         rows = conversation_rows(self._take(items), self.path, self.opts, self.count)
         return rows, MESSAGES_SCHEMA
 

@@ -106,9 +106,13 @@ def conversation_rows(items: list[tuple[int, Any]], path: Path, opts, count: Cal
         if reward is _MISSING or reward is None:
             reward = None
         elif isinstance(reward, bool) or isinstance(reward, (int, float)):
-            reward = float(reward)
+            try:
+                reward = float(reward)
+            except OverflowError:  # an integer beyond any float
+                reward = math.inf
             if not math.isfinite(reward):
-                raise InputError(path, f"the outcome is {reward}", row=i, column=opts.outcome_col)
+                raise InputError(path, f"the outcome is {reward} (not a finite number)", row=i,
+                                 column=opts.outcome_col)
         else:
             raise InputError(path, f"the outcome must be a number or a bool, found {reward!r:.40}", row=i,
                              column=opts.outcome_col)

@@ -56,7 +56,7 @@ from stepkit.grading.verdicts import (
 from stepkit.options import Config, opt
 from stepkit.prompts import JUDGE_MODES, PromptTemplate, judge_template, load_template, render_judge
 from stepkit.runner import LabelerStage
-from stepkit.schema import JUDGE_FIELDS, extend_schema
+from stepkit.schema import CONVERSATION_STEP_COLUMNS, JUDGE_FIELDS, extend_schema
 
 _EMPTY = {f.name: None for f in JUDGE_FIELDS}
 SCORE_THRESHOLD = 5.0
@@ -65,11 +65,12 @@ _RETRY_SEED_STRIDE = 1_000_003
 
 
 def parse_reply(text: str, finish_reason: str, mode: str, n_steps: int,
-                quotes: tuple[str, ...] = ()) -> list[bool] | list[float]:
+                quotes: tuple[str, ...] = (), tags: tuple[str, ...] = ("turn",)) -> list[bool] | list[float]:
     """One judge reply -> M per-step verdicts (True = correct), or M scores in mode ``per-step-score``.
 
     ``quotes`` are the judged solution's own answers (:func:`solution_answers`), so a box that quotes
-    them is not read as a first-error index.
+    them is not read as a first-error index. ``tags``: mode ``per-step-score``, the words that start a
+    score line (:func:`score_tags`).
 
     Raises:
         VerdictParseError: the reply was cut off by ``max_tokens`` or states no usable verdict.
@@ -79,8 +80,15 @@ def parse_reply(text: str, finish_reason: str, mode: str, n_steps: int,
     if mode == "first-error":
         return labels_from_first_error(parse_first_error(text, n_steps, quotes), n_steps)
     if mode == "per-step-score":
-        return parse_step_scores(text, n_steps)
+        return parse_step_scores(text, n_steps, tags=tags)
     return parse_step_verdicts(text, n_steps)
+
+
+def score_tags(template: PromptTemplate) -> tuple[str, ...]:
+    """The head words of a ``per-step-score`` reply's lines: the template's step tag (``paragraph`` when it
+    sets none, as the steps are then tagged), then ``turn``; a reply's lines of the first word it uses count
+    (a template of its own whose steps are ``<paragraph_k>`` is answered ``Paragraph k: S``)."""
+    return tuple(dict.fromkeys([template.step_tag or "paragraph", "turn"]))
 
 
 def solution_answers(row: dict) -> tuple[str, ...]:
@@ -148,6 +156,7 @@ class JudgeStage(LabelerStage):
 
     name = "judge"
     required_columns = ("id", "prompt", "steps")
+    optional_columns = CONVERSATION_STEP_COLUMNS  # checked against the steps (a prompt shows the observations)
     default_chunk_size = 32
     grades_answers = False
 
@@ -210,7 +219,7 @@ class JudgeStage(LabelerStage):
                     r["judge_replies"].append(c.text)
                     try:
                         valid[id(r)].append(parse_reply(c.text, c.finish_reason, self.mode, len(r["steps"]),
-                                                        quotes[id(r)]))
+                                                        quotes[id(r)], score_tags(self.template)))
                     except VerdictParseError as e:
                         r["judge_parse_failures"] += 1
                         r["judge_parse_error"] = str(e)

@@ -58,7 +58,7 @@ from stepkit.metrics import processbench_f1
 from stepkit.options import Config, opt
 from stepkit.prompts import AnswerScaffold, load_answer_scaffold
 from stepkit.runner import LabelerStage
-from stepkit.schema import LH_FIELDS, extend_schema
+from stepkit.schema import CONVERSATION_STEP_COLUMNS, LH_FIELDS, extend_schema
 
 METHODS = ("answer-gain", "implicit-prm")
 TARGETS = ("answer", "gold-action")
@@ -286,6 +286,7 @@ class LikelihoodStage(LabelerStage):
 
     name = "likelihood-label"
     required_columns = ("id", "prompt", "steps", "step_separator", "reference_answer", "outcome_correct")
+    optional_columns = CONVERSATION_STEP_COLUMNS  # checked against the steps (gold-action prefixes hold them)
     default_chunk_size = 64
     grades_answers = False
     tokens_kind = "scored"  # prompt tokens prefilled, nothing is generated
