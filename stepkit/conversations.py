@@ -162,6 +162,8 @@ def parse_conversation(messages: Any) -> Conversation:
         if role not in ROLES:
             raise ConversationError(f"unknown role {role!r} (expected {', '.join(ROLES)})", i)
         message_text(m, i)
+        if m.get("name") is not None and not isinstance(m["name"], str):
+            raise ConversationError(f"name is a {type(m['name']).__name__}, not a string", i)
         if role == "assistant":
             calls = m.get("tool_calls") or []
             if not tool_calls(m, i) and not message_text(m, i).strip():

@@ -116,6 +116,7 @@ BAD = {
                          "traj[{call}]", "a JSON list, not an object"),
     "content a number": (lambda t: t[1].update(content=5), "traj[1]", "content is a int"),
     "no assistant turn": (lambda t: t.__setitem__(slice(2, None), []), "traj", "no assistant message"),
+    "tool name a number": (lambda t: t[_call_index(t) + 1].update(name=5), "traj[{call1}]", "name is a int, not a string"),
     "empty turn": (lambda t: t[2].update(content=" \n"), "traj[2]", "no text and no tool call (an empty turn)"),
     # arguments json.loads took, or failed on with a traceback (RecursionError, a surrogate pyarrow could not
     # write, an AttributeError reading the int-limit ValueError)
@@ -169,6 +170,8 @@ def test_other_bad_records(tmp_path, tau, checker):
         ([{**tau[0], "info": {"task": {"actions": [{"name": "x", "kwargs": "[1"}]}}}],
          "row 0, column 'info.task.actions': action 0: tool call x: arguments are not JSON"),
         ([[1, 2]], "row 0: expected an object, found list"),
+        ([{**tau[0], "traj": [{"role": "system", "content": ""}, {"role": "user", "content": " "}, *tau[0]["traj"][2:]]}],
+         "row 0, column 'traj': no message with text before the first assistant turn"),
         ([{**tau[0], "reward": 10 ** 400}], "row 0, column 'reward': the outcome is inf (not a finite number)"),
         ([{**tau[0], "info": {"task": {"actions": [{"name": "x", "kwargs": '{"a": "\\udfff"}'}]}}}],
          "row 0, column 'info.task.actions': action 0: tool call x: arguments hold a lone UTF-16 surrogate"),

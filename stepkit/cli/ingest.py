@@ -24,6 +24,8 @@ def command(fmt, file, out, **kw):
       gsm8k-solutions  GSM8K example model solutions, one row/generator    -> trajectories
       processbench     ProcessBench gsm8k.json / math.json (human labels) -> trajectories
       jsonl, parquet   any rows, mapped with the --*-col options            -> trajectories
+      messages         tool-calling conversations (OpenAI messages, tau-bench) -> trajectories, a step
+                       per assistant turn (--outcome-col, --gold-col, --success-threshold)
 
     An option that does not apply to FORMAT (--generator with gsm8k, --id-col with processbench, --seed
     without --sample) is a usage error, never silently ignored.

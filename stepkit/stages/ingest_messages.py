@@ -26,6 +26,7 @@ from stepkit.conversations import (
     call_arguments,
     canonical_action,
     conversation_columns,
+    message_text,
     parse_conversation,
 )
 from stepkit.errors import InputError
@@ -133,9 +134,9 @@ def conversation_rows(items: list[tuple[int, Any]], path: Path, opts, count: Cal
                              column=opts.id_col or ("id" if "id" in obj else None))
         ids[rid] = i
         cols = conversation_columns(conv)
-        if not cols["prompt"].strip():
-            raise InputError(path, "no message before the first assistant turn (the prompt would be empty)", row=i,
-                             column=key)
+        if not any(message_text(m).strip() for m in conv.prompt):
+            raise InputError(path, "no message with text before the first assistant turn (the prompt would be "
+                                   "empty)", row=i, column=key)
         ok = None if reward is None else reward >= opts.success_threshold
         rows.append({"id": rid, "problem_id": pid or rid, "source": f"{path.name}/{i}", **cols,
                      "reference_answer": None, "final_answer": None, "outcome_correct": ok, "generator": "unknown",
