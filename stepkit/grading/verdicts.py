@@ -203,13 +203,23 @@ def parse_step_verdicts(text: str, n_steps: int) -> list[bool]:
     last = found["paragraph"] or found["step"]
     if not last:
         raise VerdictParseError("no verdict: no 'Paragraph k: correct/incorrect' line")
-    extra = sorted(k for k in last if k >= n_steps)
+    return _one_per_step(last, n_steps, "verdict", "paragraph", "the solution has {n} steps")
+
+
+def _one_per_step(found: dict, n_steps: int, what: str, unit: str, has: str) -> list:
+    """``found[0..M-1]`` when ``found`` holds exactly the M step indices.
+
+    Raises:
+        VerdictParseError: an index past the last step, or a step with nothing found.
+    """
+    extra = sorted(k for k in found if k >= n_steps)
     if extra:
-        raise VerdictParseError(f"verdict for paragraph {extra[0]} but the solution has {n_steps} steps")
-    if len(last) != n_steps:
-        missing = [k for k in range(n_steps) if k not in last]
-        raise VerdictParseError(f"verdicts for {len(last)} of {n_steps} steps (missing paragraph {missing[0]})")
-    return [last[k] for k in range(n_steps)]
+        raise VerdictParseError(f"{what} for {unit} {extra[0]} but {has.format(n=n_steps)}")
+    if len(found) != n_steps:
+        missing = [k for k in range(n_steps) if k not in found]
+        raise VerdictParseError(f"{what}s for {len(found)} of {n_steps} {'steps' if unit == 'paragraph' else 'turns'} "
+                                f"(missing {unit} {missing[0]})")
+    return [found[k] for k in range(n_steps)]
 
 
 _SCORE_SEP = re.compile("[ \t*_:.)=|`'\"\u2013\u2014\u2212-]*")
@@ -287,13 +297,7 @@ def parse_step_scores(text: str, n_steps: int, scale: float = 10.0, tags: tuple[
     found_tag = next((f for f in found.values() if f), {})
     if not found_tag:
         raise VerdictParseError(f"no verdict: no '{tags[0].title()} k: score S' line")
-    extra = sorted(k for k in found_tag if k >= n_steps)
-    if extra:
-        raise VerdictParseError(f"score for turn {extra[0]} but the conversation has {n_steps} turns")
-    if len(found_tag) != n_steps:
-        missing = [k for k in range(n_steps) if k not in found_tag]
-        raise VerdictParseError(f"scores for {len(found_tag)} of {n_steps} turns (missing turn {missing[0]})")
-    return [found_tag[k] for k in range(n_steps)]
+    return _one_per_step(found_tag, n_steps, "score", "turn", "the conversation has {n} turns")
 
 
 def first_error_of(labels: list[bool | None]) -> int | None:
