@@ -39,6 +39,7 @@ import json
 import os
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -246,7 +247,7 @@ class LabelerStage(EngineStage):
         check_steps(rows, path, first_row)
 
     def __getstate__(self):
-        """Pickled (sent to a Ray task) without planning's set of the last shard's ids."""
+        """Pickled (sent to a Ray actor) without planning's set of the last shard's ids."""
         return {k: v for k, v in self.__dict__.items() if k != "_seen_ids"}
 
 
@@ -346,22 +347,22 @@ EXECUTORS = ("local", "ray")
 @dataclass(frozen=True)
 class ExecutorOptions(Config):
     """Where the planned shards run (none of these change the rows): ``local`` runs them one after another in
-    this process (:class:`LocalExecutor`); ``ray`` runs each shard as one Ray task
-    (:class:`stepkit.ray_executor.RayExecutor`), with the Ray options below.
+    this process (:class:`LocalExecutor`); ``ray`` runs them on a pool of Ray actors, each holding the opened
+    stage (:class:`stepkit.ray_executor.RayExecutor`), with the Ray options below.
 
     Raises:
         ConfigError: a Ray option given with ``executor="local"`` (it would be silently unused).
     """
 
-    executor: str = opt("local", "Where shards run: local (one after another, here) or ray (one Ray task per "
-                                 "shard).", choices=EXECUTORS)
+    executor: str = opt("local", "Where shards run: local (one after another, here) or ray (on Ray actors that "
+                                 "each open the stage once).", choices=EXECUTORS)
     ray_address: str | None = opt(None, "Ray cluster to join: auto (RAY_ADDRESS or the cluster `ray start` made "
                                         "here) or HOST:PORT; default: start a local Ray instance.", metavar="ADDRESS")
-    cpus_per_shard: float = opt(1.0, "CPUs Ray reserves for each shard's task.", min=0, min_open=True)
-    gpus_per_shard: float = opt(0.0, "GPUs Ray reserves for each shard's task; its engine is built on them "
-                                     "(--tensor-parallel-size at most this).", min=0)
-    shard_retries: int = opt(3, "Times Ray reruns a shard whose worker or machine died (the rerun resumes from "
-                                "the shard's committed chunks; Ray's max_retries).", min=0)
+    cpus_per_shard: float = opt(1.0, "CPUs Ray reserves for each actor (one shard at a time).", min=0, min_open=True)
+    gpus_per_shard: float = opt(0.0, "GPUs Ray reserves for each actor (one shard at a time); its engine is "
+                                     "built on them (--tensor-parallel-size at most this).", min=0)
+    shard_retries: int = opt(3, "Times a shard is given to a new actor after its actor's process or machine "
+                                "died (the rerun resumes from the shard's committed chunks).", min=0)
 
     def __post_init__(self):
         super().__post_init__()
@@ -634,8 +635,8 @@ def _check_joined(rows, first, shard, name, side: SideInput, table) -> None:
 
 class Executor:
     """Runs planned shards. :class:`LocalExecutor` runs them here, one after another; a distributed
-    executor (:class:`stepkit.ray_executor.RayExecutor`) runs each shard as a task of its own, through the
-    same :func:`run_shard`. :func:`make_executor` builds the one :class:`ExecutorOptions` names."""
+    executor (:class:`stepkit.ray_executor.RayExecutor`) runs them on Ray actors that each keep the stage
+    open for their shards, through the same :func:`run_shard`. :func:`make_executor` builds the one :class:`ExecutorOptions` names."""
 
     def run(self, stage: Stage, plans: list[ShardPlan], opts: RunOptions, console=None) -> list[ShardResult]:
         """Run ``plans`` (from :func:`plan_run`) and return one :class:`ShardResult` per plan, in plan order."""
@@ -834,12 +835,13 @@ def _attribute_errors(stage: Stage, before: list, out_rows: list[dict]) -> tuple
     return own, upstream, reasons
 
 
-def run_shard(stage: Stage, plan: ShardPlan, opts: RunOptions, console=None, open_stage: bool = False,
-              report=None) -> ShardResult:
+def run_shard(stage: Stage, plan: ShardPlan, opts: RunOptions, console=None,
+              open_stage: bool | Callable[[], None] = False, report=None) -> ShardResult:
     """Run one planned shard to its finished output (resuming from committed parts), under a lock.
 
     The stage must be open, or ``open_stage`` opens it once the lock is held (so a second run of the
-    same OUT is refused before it loads a model). ``report(rows, tokens)``, when given, is called with the
+    same OUT is refused before it loads a model): ``True`` calls ``stage.open()``; a callable is called
+    instead (an executor that keeps one stage open for many shards opens it on the first only). ``report(rows, tokens)``, when given, is called with the
     shard's rows done so far (committed chunks included) and the tokens of this run, once the committed
     chunks are counted and after each commit (a distributed executor's progress view).
 
@@ -852,7 +854,9 @@ def run_shard(stage: Stage, plan: ShardPlan, opts: RunOptions, console=None, ope
     with contextlib.ExitStack() as locks:  # OUT and every side output: two runs never share a file
         for path in sorted({plan.output, *plan.side_outputs.values()}):
             locks.enter_context(_OutputLock(path))
-        if open_stage:
+        if callable(open_stage):
+            open_stage()
+        elif open_stage:
             stage.open()
         try:
             return _run_shard(stage, plan, opts, console, report or (lambda rows, tokens: None))
