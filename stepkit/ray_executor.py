@@ -4,25 +4,28 @@ Scheduling onto machines, the processes that die with a machine and the cluster'
 (as in distilabel's ``RayPipeline`` and ``ray.data.llm``, whose long-lived actors each hold an engine);
 stepkit's part is that a shard is a unit of work an actor can run, and rerun and resume elsewhere:
 
-* The driver plans every shard as it does with ``--executor local`` (:func:`~stepkit.runner.plan_run`:
-  bad input anywhere fails before any work), then starts ``min(shards with work, actors the cluster can
-  hold)`` actors, each reserving ``cpus_per_shard`` / ``gpus_per_shard``. The stage goes to the actors
-  un-opened (one copy in the object store); each actor opens it on its first shard, once that shard's
-  lock is held, so its engine is built on the GPUs Ray assigned that actor (vLLM's tensor parallelism
-  stays inside it), and keeps it open for every later shard, as :class:`~stepkit.runner.LocalExecutor`
-  does for all of them. The driver hands the next waiting shard to whichever actor is free; an actor
-  with nothing left closes its stage and is killed, so its GPU memory is given back.
-* An actor runs a shard exactly as the local executor does, through the same
-  :func:`~stepkit.runner.run_shard`: under the lock on OUT, in chunks committed to ``OUT.parts``, with the
-  manifest and per-row errors. When an actor's process (or machine) dies mid-shard, the driver starts a
-  new actor and gives it that shard again, up to ``max_retries`` times per shard; the rerun resumes from
-  the chunks the shard committed, so no committed chunk is generated twice. The folders must be on
-  storage every machine sees (README, "Running on a cluster").
-* A shard that fails (a :class:`~stepkit.errors.StepkitError`: bad input found mid-read, its error budget
-  exceeded, its OUT locked by another run, the stage failing to open; or its actor dying more than
-  ``max_retries`` times) comes back as a :class:`~stepkit.runner.ShardResult` with status ``failed`` and its
-  one-line error, while the other shards finish. Results are matched to shards by their output path
-  (:func:`stepkit.matching.match_by_id`), never by the order they finish in.
+* The driver checks the run as a whole (:func:`~stepkit.runner.prepare_run`: IN and OUT, side inputs)
+  and each shard's outputs and status without reading its rows (:func:`~stepkit.runner.plan_shard` with
+  ``read_rows=False``: up to date, or from another configuration, refused before any work), then starts
+  ``min(shards with work, actors the cluster can hold)`` actors, each reserving ``cpus_per_shard`` /
+  ``gpus_per_shard``. The stage goes to the actors un-opened (one copy in the object store); each actor
+  opens it on its first shard, once that shard's lock is held, so its engine is built on the GPUs Ray
+  assigned that actor (vLLM's tensor parallelism stays inside it), and keeps it open for every later
+  shard, as :class:`~stepkit.runner.LocalExecutor` does for all of them. The driver hands the next
+  waiting shard to whichever actor is free; an actor with nothing left closes its stage and is killed,
+  so its GPU memory is given back.
+* An actor first plans its shard in full (:func:`~stepkit.runner.plan_shard`: columns, every row,
+  side-input joins), so a shard with bad input fails alone, then runs it exactly as the local executor
+  does, through the same :func:`~stepkit.runner.run_shard`: under the lock on OUT, in chunks committed to
+  ``OUT.parts``, with the manifest and per-row errors. When an actor's process (or machine) dies
+  mid-shard, the driver starts a new actor and gives it that shard again, up to ``max_retries`` times per
+  shard; the rerun resumes from the chunks the shard committed, so no committed chunk is generated twice.
+  The folders must be on storage every machine sees (README, "Running on a cluster").
+* A shard that fails (a :class:`~stepkit.errors.StepkitError`: bad input found by its plan or mid-read,
+  its error budget exceeded, its OUT locked by another run, the stage failing to open; or its actor dying
+  more than ``max_retries`` times) comes back as a :class:`~stepkit.runner.ShardResult` with status
+  ``failed`` and its one-line error, while the other shards finish. Results are matched to shards by
+  their output path (:func:`stepkit.matching.match_by_id`), never by the order they finish in.
 * One progress view for all shards: actors report rows and tokens to a small actor the driver reads.
 
 Ray is imported only here, and only when a Ray executor runs (``stepkit[ray]`` installs it).
@@ -41,7 +44,17 @@ from typing import Any
 
 from stepkit.errors import ConfigError, StepkitError, one_line
 from stepkit.matching import match_by_id
-from stepkit.runner import Executor, RunOptions, ShardPlan, ShardResult, Stage, run_shard
+from stepkit.runner import (
+    Executor,
+    RunOptions,
+    RunSetup,
+    ShardPlan,
+    ShardResult,
+    Stage,
+    plan_shard,
+    prepare_run,
+    run_shard,
+)
 
 FORWARDED_ENV_PREFIXES = ("STEPKIT_", "VLLM_", "HF_", "TRANSFORMERS_", "TOKENIZERS_")
 """Environment variables the actors get from the command that started them (model cache, engine and
@@ -94,8 +107,8 @@ class _ShardActor:
     A :class:`~stepkit.errors.StepkitError` becomes a ``failed`` result, so one bad shard does not stop the
     others; the actor goes on with the next shard."""
 
-    def __init__(self, stage: Stage, board):
-        self.stage, self.board = stage, board
+    def __init__(self, stage: Stage, board, setup: RunSetup | None = None):
+        self.stage, self.board, self.setup = stage, board, setup
         self.opened = self.tried = False
 
     def _open(self) -> None:
@@ -117,6 +130,10 @@ class _ShardActor:
             def report(rows, tokens):
                 self.board.progress.remote(key, rows, tokens)
         try:
+            if self.setup is not None:  # the driver's plan read no row: plan the shard in full here
+                plan = plan_shard(self.stage, self.setup, plan.input, opts)
+                if plan.status == "up to date":  # (finished by another run meanwhile)
+                    return ShardResult(plan.input, plan.output, "up to date", rows=plan.done_rows)
             return run_shard(self.stage, plan, opts, None, open_stage=self._open, report=report)
         except StepkitError as e:
             return ShardResult(plan.input, plan.output, "failed", error=str(e))
@@ -203,6 +220,25 @@ class RayExecutor(Executor):
                 has the resources one actor asks for.
             StepkitError: an actor's result matches no shard (an internal error).
         """
+        return self._run(stage, plans, opts, console, None)
+
+    def plan_and_run(self, stage: Stage, in_path, out_path, opts: RunOptions, console=None) -> list[ShardResult]:
+        """Plan the run on the driver without reading any shard's rows (the run-wide checks and side inputs,
+        and each shard's outputs, identity and status: up to date, or from another configuration, which is
+        refused before any work), then run the shards on the actors, each planning its shard in full first
+        (:func:`~stepkit.runner.plan_shard`): a shard with bad input (a bad row, a missing column) comes back
+        ``failed`` with its one-line error while the other shards run.
+
+        Raises:
+            ConfigError, InputError: as :func:`~stepkit.runner.prepare_run` and the driver's plan of a shard.
+            Otherwise as :meth:`run`.
+        """
+        setup = prepare_run(stage, in_path, out_path, opts)
+        plans = [plan_shard(stage, setup, shard, opts, read_rows=False) for shard in setup.shards]
+        return self._run(stage, plans, opts, console, setup)
+
+    def _run(self, stage: Stage, plans: list[ShardPlan], opts: RunOptions, console,
+             setup: RunSetup | None) -> list[ShardResult]:
         done = {str(p.output): ShardResult(p.input, p.output, "up to date", rows=p.done_rows)
                 for p in plans if p.status == "up to date"}
         todo = [p for p in plans if p.status != "up to date"]
@@ -211,7 +247,7 @@ class RayExecutor(Executor):
             ray = import_ray()
             with self._connected(ray, console) as started:
                 n_actors = self._pool_size(ray, started, console, len(todo))
-                for r in self._run_pool(ray, stage, todo, opts, console, n_actors):
+                for r in self._run_pool(ray, stage, todo, opts, console, n_actors, setup):
                     done[str(r.output)] = r
         return match_by_id([str(p.output) for p in plans], done.values(), lambda r: str(r.output), "shard result")
 
@@ -274,7 +310,8 @@ class RayExecutor(Executor):
             _say(console, f"warning: {msg}; the shards wait until such a machine joins")
         return n_actors
 
-    def _run_pool(self, ray, stage: Stage, todo: list[ShardPlan], opts: RunOptions, console, n_actors: int):
+    def _run_pool(self, ray, stage: Stage, todo: list[ShardPlan], opts: RunOptions, console, n_actors: int,
+                  setup: RunSetup | None):
         """Run ``todo`` on ``n_actors`` actors, the next waiting shard to whichever actor is free; yield each
         plan's result as it finishes (in any order)."""
         env = {k: v for k, v in os.environ.items() if k.startswith(FORWARDED_ENV_PREFIXES)}
@@ -287,10 +324,10 @@ class RayExecutor(Executor):
         actor_cls = ray.remote(_ShardActor)
         board = ray.remote(num_cpus=0)(_Board).remote() if opts.progress else None
         task_opts = dataclasses.replace(opts, progress=False)  # the driver shows one view for all shards
-        stage_ref = ray.put(stage)
+        stage_ref, setup_ref = ray.put(stage), ray.put(setup)  # (one copy of each, whatever the number of actors)
 
         def new_actor():
-            return actor_cls.options(**options).remote(stage_ref, board)
+            return actor_cls.options(**options).remote(stage_ref, board, setup_ref)
 
         waiting = deque(todo)
         attempts = {str(p.output): 0 for p in todo}

@@ -263,3 +263,44 @@ def test_each_actor_opens_the_stage_once_for_all_its_shards(shards, ray_cluster,
     while any(Path(f"/proc/{pid}").exists() for pid in opens) and time.time() < deadline:
         time.sleep(0.2)
     assert not any(Path(f"/proc/{pid}").exists() for pid in opens), "an actor process outlived the run"
+
+
+def _one_bad_shard(shards: Path, folder: Path, name: str, damage) -> Path:
+    """A copy of ``shards`` in ``folder`` whose shard ``name`` is ``damage(table)``."""
+    folder.mkdir()
+    for p in shards.glob("*.parquet"):
+        (folder / p.name).write_bytes(p.read_bytes())
+    pq.write_table(damage(pq.read_table(folder / name)), folder / name)
+    return folder
+
+
+def test_shards_with_bad_rows_fail_alone_on_ray(shards, reference, ray_cluster, tmp_path):
+    """Each actor plans its own shard: s1 has no `steps` column and s2 a row whose `steps` list is empty. Each
+    fails with the one line a local run of it gives, while s0 and s3 finish; exit status 1. (With --executor
+    local, planning reads every shard first and the first bad one stops the command before any work.)"""
+    def no_steps(t):
+        return t.drop_columns(["steps"])
+
+    def empty_steps(t):
+        steps = t.column("steps").to_pylist()
+        steps[1] = []
+        return t.set_column(t.schema.get_field_index("steps"), "steps", pa.array(steps, t.schema.field("steps").type))
+
+    folder = _one_bad_shard(shards, tmp_path / "in", "s1.parquet", no_steps)
+    pq.write_table(empty_steps(pq.read_table(folder / "s2.parquet")), folder / "s2.parquet")
+    expected = []
+    for name in ("s1.parquet", "s2.parquet"):  # the error line of a local run of that shard alone
+        alone = tmp_path / f"alone-{name}"
+        alone.mkdir()
+        (alone / name).write_bytes((folder / name).read_bytes())
+        local = run("mc-label", alone, tmp_path / f"out-{name[:2]}", *SCRIPTED, "--no-progress", check=False)
+        assert local.returncode == 1 and local.stderr.startswith("error: "), local.stderr
+        expected.append(local.stderr.strip().replace(str(alone), str(folder)))
+    out = tmp_path / "out"
+    p = run("mc-label", folder, out, *SCRIPTED, "--executor", "ray", "--ray-address", ray_cluster, check=False)
+    assert p.returncode == 1, p.stderr
+    errors = [line for line in p.stderr.splitlines() if line.startswith("error:")]
+    assert errors == expected and "steps" in errors[0] and "Traceback" not in p.stderr
+    assert "shards: 2 done, 0 running, 2 failed, 0 waiting" in p.stderr
+    assert rows_of(out) == {k: v for k, v in rows_of(reference).items() if k in ("s0.parquet", "s3.parquet")}
+    assert not (out / "s1.parquet.parts").exists() and not (out / "s2.parquet.parts").exists()
