@@ -2,12 +2,12 @@
 in one run of this script, with the bundled model (vLLM on CPU).
 
 Both are the ``stepkit`` command as a user runs it. ``local`` loads the engine once and labels the shards one
-after another; ``ray`` starts a local Ray instance (the default of ``--ray-address``) and runs one task per
-shard with ``--cpus-per-shard 2``, so on a 2-core machine one task at a time (never two engines at once),
-each task building its own engine on its worker. So the difference is Ray's start-up plus one engine load
-per shard after the first; the labelling itself (``seconds (this run)`` in each shard's manifest, which
-starts after the engine is loaded) is the same work. The script prints both wall times, their ratio, the
-labelling seconds of each, and what is left: Ray's own overhead and the per-shard engine loads.
+after another; ``ray`` starts a local Ray instance (the default of ``--ray-address``) and runs the shards on a
+pool of Ray actors with ``--cpus-per-shard 2``, so on a 2-core machine one actor (never two engines at once),
+which builds its engine once and labels all 4 shards with it. So the difference is Ray's start-up, the
+actor's start and the shards' round trips; the labelling itself (``seconds (this run)`` in each shard's
+manifest, which starts after the engine is loaded) is the same work. The script prints both wall times,
+their ratio, the labelling seconds of each, and what is left: the engine load plus, for ray, Ray's overhead.
 
     python bench/bench_ray.py [--data ../shared/data] [--work out/bench/ray] [--rows-per-shard 4] [-k 4]
 """
@@ -76,7 +76,7 @@ def main() -> None:
           f"max_tokens={args.max_tokens}, smollm2-135m on CPU ({os.cpu_count()} cores)")
     print(f"  --executor local        {local:7.1f} s   (labelling {lab_local:6.1f} s, engine load + start-up "
           f"{local - lab_local:5.1f} s)")
-    print(f"  --executor ray (local)  {ray:7.1f} s   (labelling {lab_ray:6.1f} s, Ray start-up + 4 engine loads "
+    print(f"  --executor ray (local)  {ray:7.1f} s   (labelling {lab_ray:6.1f} s, Ray start-up + actor + engine load "
           f"{ray - lab_ray:5.1f} s)")
     print(f"  ratio ray / local       {ray / local:7.3f}   (target <= 1.15)")
     if args.json:

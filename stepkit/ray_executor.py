@@ -1,25 +1,32 @@
-"""Ray scale-out: each planned shard is one Ray task running :func:`stepkit.runner.run_shard` (issue 12).
+"""Ray scale-out: the planned shards run on a pool of Ray actors that each hold the opened stage (issue 12).
 
-Scheduling shards onto machines, rerunning the work of a machine that died and the cluster's resources
-belong to Ray (as in distilabel's ``RayPipeline``, datatrove's ``RayPipelineExecutor`` and
-``ray.data.llm``); stepkit's part is that a shard is a unit of work Ray can run, retry and resume:
+Scheduling onto machines, the processes that die with a machine and the cluster's resources belong to Ray
+(as in distilabel's ``RayPipeline`` and ``ray.data.llm``, whose long-lived actors each hold an engine);
+stepkit's part is that a shard is a unit of work an actor can run, and rerun and resume elsewhere:
 
-* The driver plans every shard as it does with ``--executor local`` (:func:`~stepkit.runner.plan_run`:
-  bad input anywhere fails before any work), then submits one task per shard that is not up to date,
-  reserving ``cpus_per_shard`` / ``gpus_per_shard``. The stage goes to the tasks un-opened (one copy in
-  the object store) and each task opens it, so its engine is built on the GPUs Ray assigned that task
-  (vLLM's tensor parallelism stays inside the task) and closed when the task ends.
-* A task runs the shard exactly as the local executor does: under the lock on OUT, in chunks committed
-  to ``OUT.parts``, with the manifest and per-row errors of :func:`~stepkit.runner.run_shard`. A task whose
-  worker (or machine) dies is rerun by Ray up to ``max_retries`` times, and the rerun resumes from the
-  chunks that shard committed, so no committed chunk is generated twice. The folders must be on storage
-  every machine sees (README, "Running on a cluster").
-* A shard that fails (a :class:`~stepkit.errors.StepkitError`: bad input found mid-read, its error budget
-  exceeded, its OUT locked by another run; or its task failing for good) comes back as a
-  :class:`~stepkit.runner.ShardResult` with status ``failed`` and its one-line error, while the other shards
-  finish. Results are matched to shards by their output path (:func:`stepkit.matching.match_by_id`), never
-  by the order tasks finish in.
-* One progress view for all shards: tasks report rows and tokens to a small actor the driver reads.
+* The driver checks the run as a whole (:func:`~stepkit.runner.prepare_run`: IN and OUT, side inputs)
+  and each shard's outputs and status without reading its rows (:func:`~stepkit.runner.plan_shard` with
+  ``read_rows=False``: up to date, or from another configuration, refused before any work), then starts
+  ``min(shards with work, actors the cluster can hold)`` actors, each reserving ``cpus_per_shard`` /
+  ``gpus_per_shard``. The stage goes to the actors un-opened (one copy in the object store); each actor
+  opens it on its first shard, once that shard's lock is held, so its engine is built on the GPUs Ray
+  assigned that actor (vLLM's tensor parallelism stays inside it), and keeps it open for every later
+  shard, as :class:`~stepkit.runner.LocalExecutor` does for all of them. The driver hands the next
+  waiting shard to whichever actor is free; an actor with nothing left closes its stage and is killed,
+  so its GPU memory is given back.
+* An actor first plans its shard in full (:func:`~stepkit.runner.plan_shard`: columns, every row,
+  side-input joins), so a shard with bad input fails alone, then runs it exactly as the local executor
+  does, through the same :func:`~stepkit.runner.run_shard`: under the lock on OUT, in chunks committed to
+  ``OUT.parts``, with the manifest and per-row errors. When an actor's process (or machine) dies
+  mid-shard, the driver starts a new actor and gives it that shard again, up to ``max_retries`` times per
+  shard; the rerun resumes from the chunks the shard committed, so no committed chunk is generated twice.
+  The folders must be on storage every machine sees (README, "Running on a cluster").
+* A shard that fails (a :class:`~stepkit.errors.StepkitError`: bad input found by its plan or mid-read,
+  its error budget exceeded, its OUT locked by another run, the stage failing to open; or its actor dying
+  more than ``max_retries`` times) comes back as a :class:`~stepkit.runner.ShardResult` with status
+  ``failed`` and its one-line error, while the other shards finish. Results are matched to shards by
+  their output path (:func:`stepkit.matching.match_by_id`), never by the order they finish in.
+* One progress view for all shards: actors report rows and tokens to a small actor the driver reads.
 
 Ray is imported only here, and only when a Ray executor runs (``stepkit[ray]`` installs it).
 """
@@ -28,17 +35,29 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import os
 import time
+from collections import deque
 from contextlib import contextmanager
 from typing import Any
 
 from stepkit.errors import ConfigError, StepkitError, one_line
 from stepkit.matching import match_by_id
-from stepkit.runner import Executor, RunOptions, ShardPlan, ShardResult, Stage, run_shard
+from stepkit.runner import (
+    Executor,
+    RunOptions,
+    RunSetup,
+    ShardPlan,
+    ShardResult,
+    Stage,
+    plan_shard,
+    prepare_run,
+    run_shard,
+)
 
 FORWARDED_ENV_PREFIXES = ("STEPKIT_", "VLLM_", "HF_", "TRANSFORMERS_", "TOKENIZERS_")
-"""Environment variables the tasks get from the command that started them (model cache, engine and
+"""Environment variables the actors get from the command that started them (model cache, engine and
 logging settings), whatever environment the Ray workers were started with."""
 
 LOCAL_IP_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"  # "0": a local instance binds 127.0.0.1 only
@@ -82,22 +101,47 @@ class _Board:
         return self.shards
 
 
-def _shard_task(stage: Stage, plan: ShardPlan, opts: RunOptions, board) -> ShardResult:
-    """One shard in a Ray worker: open the stage here (its engine on this task's GPUs), run the shard, close.
-    A StepkitError becomes a ``failed`` result, so one bad shard does not stop the others."""
-    key = str(plan.output)
-    report = None
-    if board is not None:
-        board.start.remote(key, os.getpid())
+class _ShardActor:
+    """Runs shard after shard with one stage, opened on the first shard and kept open (a Ray actor).
 
-        def report(rows, tokens):
-            board.progress.remote(key, rows, tokens)
-    try:
-        return run_shard(stage, plan, opts, None, open_stage=True, report=report)
-    except StepkitError as e:
-        return ShardResult(plan.input, plan.output, "failed", error=str(e))
-    finally:
-        stage.close()
+    A :class:`~stepkit.errors.StepkitError` becomes a ``failed`` result, so one bad shard does not stop the
+    others; the actor goes on with the next shard."""
+
+    def __init__(self, stage: Stage, board, setup: RunSetup | None = None):
+        self.stage, self.board, self.setup = stage, board, setup
+        self.opened = self.tried = False
+
+    def _open(self) -> None:
+        """Open the stage, unless it is open already (run_shard calls this once it holds the shard's lock)."""
+        if self.opened:
+            return
+        if self.tried:  # an earlier open failed part-way: release what it built before trying again
+            self.stage.close()
+        self.tried = True
+        self.stage.open()
+        self.opened = True
+
+    def run(self, plan: ShardPlan, opts: RunOptions) -> ShardResult:
+        key = str(plan.output)
+        report = None
+        if self.board is not None:
+            self.board.start.remote(key, os.getpid())
+
+            def report(rows, tokens):
+                self.board.progress.remote(key, rows, tokens)
+        try:
+            if self.setup is not None:  # the driver's plan read no row: plan the shard in full here
+                plan = plan_shard(self.stage, self.setup, plan.input, opts)
+                if plan.status == "up to date":  # (finished by another run meanwhile)
+                    return ShardResult(plan.input, plan.output, "up to date", rows=plan.done_rows)
+            return run_shard(self.stage, plan, opts, None, open_stage=self._open, report=report)
+        except StepkitError as e:
+            return ShardResult(plan.input, plan.output, "failed", error=str(e))
+
+    def close(self) -> None:
+        if self.tried:
+            self.stage.close()
+        self.opened = self.tried = False
 
 
 class _ClusterProgress:
@@ -142,15 +186,17 @@ class _ClusterProgress:
 
 
 class RayExecutor(Executor):
-    """Runs each planned shard as one Ray task (see the module docstring).
+    """Runs the planned shards on a pool of Ray actors that each hold the opened stage (see the module
+    docstring).
 
     Args:
         address: the Ray cluster to join: ``"auto"`` (``RAY_ADDRESS``, or the cluster ``ray start`` made on
             this machine) or ``"host:port"``; None starts a local Ray instance for this run (on 127.0.0.1
             only), shut down at the end. When this process is already connected to Ray, that
             connection is used as it is.
-        cpus_per_shard / gpus_per_shard: what Ray reserves for each shard's task (fractions allowed).
-        max_retries: how many times Ray reruns a task whose worker or machine died.
+        cpus_per_shard / gpus_per_shard: what Ray reserves for each actor, which runs one shard at a time
+            (fractions allowed).
+        max_retries: how many times a shard is given to a new actor after its actor's process or machine died.
         poll_seconds: how often the progress view is refreshed.
 
     Raises:
@@ -171,9 +217,28 @@ class RayExecutor(Executor):
         Raises:
             ConfigError: Ray is not installed, the cluster cannot be joined, the stage was opened already,
                 ``--tensor-parallel-size`` exceeds ``gpus_per_shard``, or no machine of a local instance
-                has the resources one shard asks for.
-            StepkitError: a task's result matches no shard (an internal error).
+                has the resources one actor asks for.
+            StepkitError: an actor's result matches no shard (an internal error).
         """
+        return self._run(stage, plans, opts, console, None)
+
+    def plan_and_run(self, stage: Stage, in_path, out_path, opts: RunOptions, console=None) -> list[ShardResult]:
+        """Plan the run on the driver without reading any shard's rows (the run-wide checks and side inputs,
+        and each shard's outputs, identity and status: up to date, or from another configuration, which is
+        refused before any work), then run the shards on the actors, each planning its shard in full first
+        (:func:`~stepkit.runner.plan_shard`): a shard with bad input (a bad row, a missing column) comes back
+        ``failed`` with its one-line error while the other shards run.
+
+        Raises:
+            ConfigError, InputError: as :func:`~stepkit.runner.prepare_run` and the driver's plan of a shard.
+            Otherwise as :meth:`run`.
+        """
+        setup = prepare_run(stage, in_path, out_path, opts)
+        plans = [plan_shard(stage, setup, shard, opts, read_rows=False) for shard in setup.shards]
+        return self._run(stage, plans, opts, console, setup)
+
+    def _run(self, stage: Stage, plans: list[ShardPlan], opts: RunOptions, console,
+             setup: RunSetup | None) -> list[ShardResult]:
         done = {str(p.output): ShardResult(p.input, p.output, "up to date", rows=p.done_rows)
                 for p in plans if p.status == "up to date"}
         todo = [p for p in plans if p.status != "up to date"]
@@ -181,15 +246,15 @@ class RayExecutor(Executor):
             self._check_stage(stage)
             ray = import_ray()
             with self._connected(ray, console) as started:
-                self._check_resources(ray, started, console)
-                for r in self._run_tasks(ray, stage, todo, opts, console):
+                n_actors = self._pool_size(ray, started, console, len(todo))
+                for r in self._run_pool(ray, stage, todo, opts, console, n_actors, setup):
                     done[str(r.output)] = r
         return match_by_id([str(p.output) for p in plans], done.values(), lambda r: str(r.output), "shard result")
 
     def _check_stage(self, stage: Stage) -> None:
         if getattr(stage, "engine", None) is not None:
             raise ConfigError(f"{stage.name}: the stage is open already; the Ray executor sends it un-opened and "
-                              "each shard's task builds its own engine")
+                              "each actor builds its own engine")
         spec = getattr(stage, "engine_spec", None)
         tp = (spec.options.get("tensor_parallel_size") or 1) if spec is not None else 1
         if self.gpus and tp > self.gpus:
@@ -220,71 +285,115 @@ class RayExecutor(Executor):
         finally:
             ray.shutdown()
 
-    def _check_resources(self, ray, started: bool, console) -> None:
-        """Say what the run is on; refuse (a local instance) or warn (a cluster, which may grow) when no
-        machine has what one shard asks for."""
+    def _slots(self, node: dict) -> int:
+        """How many actors of ``cpus_per_shard`` / ``gpus_per_shard`` one machine holds."""
+        n = math.floor(node.get("CPU", 0) / self.cpus + 1e-9)
+        if self.gpus:
+            n = min(n, math.floor(node.get("GPU", 0) / self.gpus + 1e-9))
+        return n
+
+    def _pool_size(self, ray, started: bool, console, n_todo: int) -> int:
+        """The number of actors: one per shard with work, at most what the machines hold now. Says what the
+        run is on; refuses (a local instance) or warns (a cluster, which may grow) when no machine holds one."""
         nodes = [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")]
-        fits = any(n.get("CPU", 0) >= self.cpus and n.get("GPU", 0) >= self.gpus for n in nodes)
+        slots = sum(self._slots(n) for n in nodes)
         cpus, gpus = sum(n.get("CPU", 0) for n in nodes), sum(n.get("GPU", 0) for n in nodes)
         where = "a local Ray instance" if started else f"the Ray cluster at {ray.get_runtime_context().gcs_address}"
-        _say(console, f"ray: {where}, {len(nodes)} machine(s), {cpus:g} CPUs, {gpus:g} GPUs; each shard "
-                      f"{self.cpus:g} CPU(s), {self.gpus:g} GPU(s)")
-        if not fits:
+        n_actors = max(1, min(n_todo, slots))
+        _say(console, f"ray: {where}, {len(nodes)} machine(s), {cpus:g} CPUs, {gpus:g} GPUs; {n_actors} actor(s) "
+                      f"of {self.cpus:g} CPU(s), {self.gpus:g} GPU(s), each opening the stage once for its shards")
+        if not slots:
             msg = (f"no machine of {where} has {self.cpus:g} CPU(s) and {self.gpus:g} GPU(s) for one shard "
                    f"(--cpus-per-shard / --gpus-per-shard)")
             if started:
                 raise ConfigError(msg)
             _say(console, f"warning: {msg}; the shards wait until such a machine joins")
+        return n_actors
 
-    def _run_tasks(self, ray, stage: Stage, todo: list[ShardPlan], opts: RunOptions, console):
-        """Submit one task per plan and yield each plan's result as its task finishes (in any order)."""
+    def _run_pool(self, ray, stage: Stage, todo: list[ShardPlan], opts: RunOptions, console, n_actors: int,
+                  setup: RunSetup | None):
+        """Run ``todo`` on ``n_actors`` actors, the next waiting shard to whichever actor is free; yield each
+        plan's result as it finishes (in any order)."""
         env = {k: v for k, v in os.environ.items() if k.startswith(FORWARDED_ENV_PREFIXES)}
-        options: dict[str, Any] = {"num_cpus": self.cpus, "num_gpus": self.gpus, "max_retries": self.max_retries,
-                                   "retry_exceptions": False}
+        # Ray restarts nothing itself: a dead actor is replaced here and its shard given to the new one, so
+        # --shard-retries counts per shard and a new actor opens the stage afresh.
+        options: dict[str, Any] = {"num_cpus": self.cpus, "num_gpus": self.gpus, "max_restarts": 0,
+                                   "max_task_retries": 0}
         if env:
             options["runtime_env"] = {"env_vars": env}
-        # A GPU shard's worker exits after its task (Ray's own default for GPU functions), so the GPU memory
-        # of its engine is given back before another shard's task gets that GPU.
-        task = ray.remote(max_calls=1)(_shard_task) if self.gpus else ray.remote(_shard_task)
+        actor_cls = ray.remote(_ShardActor)
         board = ray.remote(num_cpus=0)(_Board).remote() if opts.progress else None
         task_opts = dataclasses.replace(opts, progress=False)  # the driver shows one view for all shards
-        stage_ref = ray.put(stage)
-        refs = {task.options(**options, name=f"stepkit {stage.name} {p.input.name}").remote(stage_ref, p, task_opts,
-                                                                                             board): p
-                for p in todo}
-        pending, finished = list(refs), {}
+        stage_ref, setup_ref = ray.put(stage), ray.put(setup)  # (one copy of each, whatever the number of actors)
+
+        def new_actor():
+            return actor_cls.options(**options).remote(stage_ref, board, setup_ref)
+
+        waiting = deque(todo)
+        attempts = {str(p.output): 0 for p in todo}
+        idle = [new_actor() for _ in range(n_actors)]
+        running: dict[Any, tuple[Any, ShardPlan]] = {}  # the ref of an actor's run -> (actor, plan)
+        closing: list[tuple[Any, Any]] = []  # (actor, the ref of its close)
+        finished: dict[str, ShardResult] = {}
         try:
             with _ClusterProgress(opts.progress, console, f"{stage.name} ({len(todo)} shards on ray)", todo) as view:
-                while pending:
-                    ready, pending = ray.wait(pending, num_returns=len(pending), timeout=self.poll)
+                while waiting or running:
+                    while waiting and idle:
+                        actor, plan = idle.pop(), waiting.popleft()
+                        attempts[str(plan.output)] += 1
+                        running[actor.run.remote(plan, task_opts)] = (actor, plan)
+                    ready, _ = ray.wait(list(running), num_returns=len(running), timeout=self.poll)
                     for ref in ready:
-                        plan = refs[ref]
-                        result = self._result(ray, ref, plan)
+                        actor, plan = running.pop(ref)
+                        try:
+                            result = ray.get(ref)
+                        except ray.exceptions.RayActorError as e:  # its process or machine died
+                            ray.kill(actor, no_restart=True)
+                            retry = attempts[str(plan.output)] <= self.max_retries
+                            if retry:  # to a new actor, resuming from the committed chunks
+                                waiting.appendleft(plan)
+                            if waiting:
+                                idle.append(new_actor())
+                            if retry:
+                                continue
+                            result = self._lost(plan, e)
+                        except ray.exceptions.RayTaskError as e:  # an exception that is not a StepkitError: a bug
+                            idle.append(actor)
+                            cause = getattr(e, "cause", None) or e
+                            result = ShardResult(plan.input, plan.output, "failed", error=one_line(
+                                f"{plan.input}: internal error in its actor: {type(cause).__name__}: "
+                                f"{_first_line(cause)}"))
+                        else:
+                            idle.append(actor)
                         if str(result.output) != str(plan.output):
-                            raise StepkitError(f"internal error: the task of shard {plan.input} returned the result "
-                                               f"of {result.output}")
+                            raise StepkitError(f"internal error: the actor running shard {plan.input} returned "
+                                               f"the result of {result.output}")
                         finished[str(plan.output)] = result
                         yield result
+                    if not waiting:  # nothing left for the idle actors: close their stages (GPU memory back)
+                        closing += [(actor, actor.close.remote()) for actor in idle]
+                        idle = []
                     if board is not None:
                         try:
                             view.update(ray.get(board.snapshot.remote(), timeout=60), finished, len(todo))
                         except ray.exceptions.RayError:  # its machine was lost: the view stops, not the run
                             board = None
         finally:
-            for ref in pending:  # interrupted: stop the shards still running (committed chunks are kept)
-                ray.cancel(ref, force=True)
+            # Interrupted: the shards still running stop (their committed chunks are kept). Then every
+            # actor is killed once its stage is closed, so its process and GPU memory are given back.
+            closing += [(actor, actor.close.remote()) for actor in idle]
+            if closing:
+                ray.wait([ref for _, ref in closing], num_returns=len(closing), timeout=120)
+            for actor, _ in [*closing, *running.values()]:
+                ray.kill(actor, no_restart=True)
+            if board is not None:
+                ray.kill(board, no_restart=True)
 
-    def _result(self, ray, ref, plan: ShardPlan) -> ShardResult:
-        """The task's result, or a ``failed`` one saying why the task itself failed."""
+    def _lost(self, plan: ShardPlan, e: BaseException) -> ShardResult:
+        """A ``failed`` result for a shard whose actor died more than ``max_retries`` times."""
         parts = plan.output.with_name(plan.output.name + ".parts")
-        try:
-            return ray.get(ref)
-        except ray.exceptions.RayTaskError as e:  # an exception that is not a StepkitError: a bug
-            cause = getattr(e, "cause", None) or e
-            why = f"internal error in its task: {type(cause).__name__}: {_first_line(cause)}"
-        except ray.exceptions.RayError as e:  # the worker or machine died more than max_retries times
-            why = (f"its task failed {self.max_retries + 1} time(s) ({type(e).__name__}: {_first_line(e)}); "
-                   f"committed chunks are kept in {parts}: run the same command again to resume")
+        why = (f"its actor died {self.max_retries + 1} time(s) ({type(e).__name__}: {_first_line(e)}); "
+               f"committed chunks are kept in {parts}: run the same command again to resume")
         return ShardResult(plan.input, plan.output, "failed", error=one_line(f"{plan.input}: {why}"))
 
 

@@ -39,6 +39,7 @@ import json
 import os
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -246,7 +247,7 @@ class LabelerStage(EngineStage):
         check_steps(rows, path, first_row)
 
     def __getstate__(self):
-        """Pickled (sent to a Ray task) without planning's set of the last shard's ids."""
+        """Pickled (sent to a Ray actor) without planning's set of the last shard's ids."""
         return {k: v for k, v in self.__dict__.items() if k != "_seen_ids"}
 
 
@@ -346,22 +347,22 @@ EXECUTORS = ("local", "ray")
 @dataclass(frozen=True)
 class ExecutorOptions(Config):
     """Where the planned shards run (none of these change the rows): ``local`` runs them one after another in
-    this process (:class:`LocalExecutor`); ``ray`` runs each shard as one Ray task
-    (:class:`stepkit.ray_executor.RayExecutor`), with the Ray options below.
+    this process (:class:`LocalExecutor`); ``ray`` runs them on a pool of Ray actors, each holding the opened
+    stage (:class:`stepkit.ray_executor.RayExecutor`), with the Ray options below.
 
     Raises:
         ConfigError: a Ray option given with ``executor="local"`` (it would be silently unused).
     """
 
-    executor: str = opt("local", "Where shards run: local (one after another, here) or ray (one Ray task per "
-                                 "shard).", choices=EXECUTORS)
+    executor: str = opt("local", "Where shards run: local (one after another, here) or ray (on Ray actors that "
+                                 "each open the stage once).", choices=EXECUTORS)
     ray_address: str | None = opt(None, "Ray cluster to join: auto (RAY_ADDRESS or the cluster `ray start` made "
                                         "here) or HOST:PORT; default: start a local Ray instance.", metavar="ADDRESS")
-    cpus_per_shard: float = opt(1.0, "CPUs Ray reserves for each shard's task.", min=0, min_open=True)
-    gpus_per_shard: float = opt(0.0, "GPUs Ray reserves for each shard's task; its engine is built on them "
-                                     "(--tensor-parallel-size at most this).", min=0)
-    shard_retries: int = opt(3, "Times Ray reruns a shard whose worker or machine died (the rerun resumes from "
-                                "the shard's committed chunks; Ray's max_retries).", min=0)
+    cpus_per_shard: float = opt(1.0, "CPUs Ray reserves for each actor (one shard at a time).", min=0, min_open=True)
+    gpus_per_shard: float = opt(0.0, "GPUs Ray reserves for each actor (one shard at a time); its engine is "
+                                     "built on them (--tensor-parallel-size at most this).", min=0)
+    shard_retries: int = opt(3, "Times a shard is given to a new actor after its actor's process or machine "
+                                "died (the rerun resumes from the shard's committed chunks).", min=0)
 
     def __post_init__(self):
         super().__post_init__()
@@ -450,13 +451,39 @@ def _describe_change(old: dict, new: dict) -> str:
     return "changed: " + ", ".join(f"{k} {a!r} -> {b!r}" for k, a, b in diffs[:3]) if diffs else "configuration changed"
 
 
+@dataclass
+class RunSetup:
+    """What planning checks and loads once for all shards (:func:`prepare_run`); :func:`plan_shard` plans one
+    shard with it (a distributed executor sends it to its workers, which plan their own shards)."""
+
+    in_path: Path
+    out_path: Path
+    chunk_size: int
+    shards: list[Path]  # this rank's share of IN
+    sides_in: dict[str, tuple[SideInput, tuple[list[Path], dict[Any, dict]]]]  # name -> (side, (paths, rows by key))
+    side_hashes: dict[str, list[str]]
+    read_only: set[Path]  # the side inputs' files, never written
+
+
 def plan_run(stage: Stage, in_path: str | os.PathLike, out_path: str | os.PathLike, opts: RunOptions) -> list[ShardPlan]:
-    """Check everything that needs no model and decide each shard's work (this rank's share of IN).
+    """Check everything that needs no model and decide each shard's work (this rank's share of IN):
+    :func:`prepare_run`, then :func:`plan_shard` for each shard.
 
     Raises:
         InputError: unreadable input, missing column, bad rows, a side input without a row for a key.
         ConfigError: OUT is IN or not writable, or some shard's finished or partial output is from
             another configuration and ``opts.force`` is off. Nothing has been written then.
+    """
+    setup = prepare_run(stage, in_path, out_path, opts)
+    return [plan_shard(stage, setup, shard, opts) for shard in setup.shards]
+
+
+def prepare_run(stage: Stage, in_path: str | os.PathLike, out_path: str | os.PathLike, opts: RunOptions) -> RunSetup:
+    """The checks of a run as a whole (IN and OUT, side inputs loaded and checked) and this rank's shards.
+
+    Raises:
+        InputError: IN has no shards or cannot be read; a side input is bad.
+        ConfigError: OUT is IN, or a folder IN has a file OUT.
     """
     in_path, out_path = Path(in_path), Path(out_path)
     chunk_size = opts.chunk_size or stage.default_chunk_size
@@ -464,14 +491,32 @@ def plan_run(stage: Stage, in_path: str | os.PathLike, out_path: str | os.PathLi
         raise ConfigError(f"{out_path}: IN {in_path} is a folder of shards, so OUT must be a folder too")
     if resolve_path(out_path) == resolve_path(in_path):
         raise ConfigError(f"{out_path}: OUT is the same as IN; write the output somewhere else")
-    sides_out = stage.side_outputs()
     sides_in = {name: (side, _load_side_input(name, side)) for name, side in stage.side_inputs().items()}
     side_hashes = {name: [file_sha256(p) for p in paths] for name, (side, (paths, _)) in sides_in.items()}
-    read_only = {resolve_path(p) for _, (paths, _) in sides_in.values() for p in paths}  # never written
-    plans = []
-    for shard in select_shards(list_shards(in_path), opts.rank, opts.world_size):
+    read_only = {resolve_path(p) for _, (paths, _) in sides_in.values() for p in paths}
+    shards = select_shards(list_shards(in_path), opts.rank, opts.world_size)
+    return RunSetup(in_path, out_path, chunk_size, shards, sides_in, side_hashes, read_only)
+
+
+def plan_shard(stage: Stage, setup: RunSetup, shard: Path, opts: RunOptions, read_rows: bool = True) -> ShardPlan:
+    """One shard's plan: its columns and rows checked (``stage.validate``, side-input joins, contiguous
+    groups), its outputs, identity and status.
+
+    ``read_rows=False`` reads no row and no schema (``schema`` is None, ``chunks`` empty, ``rows`` from the
+    footer when it can be read, else 0): just enough to tell a shard that is up to date, or whose output is
+    from another configuration, before the shard is planned in full where it runs.
+
+    Raises:
+        InputError: unreadable shard, missing column, bad rows, a row without its side-input row.
+        ConfigError: an output not writable or overwriting another file; the shard's finished or partial
+            output is from another configuration and ``opts.force`` is off.
+    """
+    in_path, out_path, chunk_size, sides_in = setup.in_path, setup.out_path, setup.chunk_size, setup.sides_in
+    read_only, sides_out = setup.read_only, stage.side_outputs()
+    schema, chunks = None, []
+    if read_rows:
         pf = open_parquet(shard)
-        schema = pf.schema_arrow
+        n_rows, schema = pf.metadata.num_rows, pf.schema_arrow
         check_columns(schema, stage.required_columns, shard)
         check_error_column(schema, shard)
         check_column_types(schema, shard)  # (a stage reads other stages' columns without declaring them)
@@ -489,30 +534,34 @@ def plan_run(stage: Stage, in_path: str | os.PathLike, out_path: str | os.PathLi
         if stage.group_by:
             for first, rows in iter_row_chunks(shard, 1024, columns=[stage.group_by]):
                 groups.feed(rows, first)
-        out = output_path(shard, in_path, out_path)
-        if resolve_path(out) in read_only:
-            raise ConfigError(f"{out}: OUT is a side input of this run; write the output somewhere else")
-        _check_writable(out, shard)
-        side_paths = {}
-        own_files = {resolve_path(manifest_path(out)), resolve_path(_parts_dir(out))}
-        for name, side in sides_out.items():
-            p = output_path(shard, in_path, Path(side.path))
-            taken = {resolve_path(out), resolve_path(shard), *read_only, *(resolve_path(q) for q in side_paths.values())}
-            if resolve_path(p) in taken:
-                raise ConfigError(f"{p}: the {name} output would overwrite IN, OUT, a side input or another "
-                                  "output; give it its own path")
-            if own_files & {resolve_path(p), resolve_path(manifest_path(p)), *resolve_path(p).parents}:
-                raise ConfigError(f"{p}: the {name} output would go into OUT's own files (its manifest or parts "
-                                  "folder); give it its own path")
-            _check_writable(p, shard)
-            side_paths[name] = p
-        ident = _identity(stage, file_sha256(shard), chunk_size, side_hashes, list(sides_out))
-        plan = ShardPlan(shard, out, schema, pf.metadata.num_rows, ident, side_outputs=side_paths,
-                         side_inputs={n: paths for n, (_, (paths, _)) in sides_in.items()},
-                         chunks=groups.chunks(pf.metadata.num_rows))
-        _check_existing(plan, opts.force)
-        plans.append(plan)
-    return plans
+        chunks = groups.chunks(n_rows)
+    else:
+        try:
+            n_rows = open_parquet(shard).metadata.num_rows
+        except InputError:  # (reported by the full plan, where the shard runs)
+            n_rows = 0
+    out = output_path(shard, in_path, out_path)
+    if resolve_path(out) in read_only:
+        raise ConfigError(f"{out}: OUT is a side input of this run; write the output somewhere else")
+    _check_writable(out, shard)
+    side_paths = {}
+    own_files = {resolve_path(manifest_path(out)), resolve_path(_parts_dir(out))}
+    for name, side in sides_out.items():
+        p = output_path(shard, in_path, Path(side.path))
+        taken = {resolve_path(out), resolve_path(shard), *read_only, *(resolve_path(q) for q in side_paths.values())}
+        if resolve_path(p) in taken:
+            raise ConfigError(f"{p}: the {name} output would overwrite IN, OUT, a side input or another "
+                              "output; give it its own path")
+        if own_files & {resolve_path(p), resolve_path(manifest_path(p)), *resolve_path(p).parents}:
+            raise ConfigError(f"{p}: the {name} output would go into OUT's own files (its manifest or parts "
+                              "folder); give it its own path")
+        _check_writable(p, shard)
+        side_paths[name] = p
+    ident = _identity(stage, file_sha256(shard), chunk_size, setup.side_hashes, list(sides_out))
+    plan = ShardPlan(shard, out, schema, n_rows, ident, side_outputs=side_paths,
+                     side_inputs={n: paths for n, (_, (paths, _)) in sides_in.items()}, chunks=chunks)
+    _check_existing(plan, opts.force)
+    return plan
 
 
 def _check_existing(plan: ShardPlan, force: bool) -> None:
@@ -634,12 +683,17 @@ def _check_joined(rows, first, shard, name, side: SideInput, table) -> None:
 
 class Executor:
     """Runs planned shards. :class:`LocalExecutor` runs them here, one after another; a distributed
-    executor (:class:`stepkit.ray_executor.RayExecutor`) runs each shard as a task of its own, through the
-    same :func:`run_shard`. :func:`make_executor` builds the one :class:`ExecutorOptions` names."""
+    executor (:class:`stepkit.ray_executor.RayExecutor`) runs them on Ray actors that each keep the stage
+    open for their shards, through the same :func:`run_shard`. :func:`make_executor` builds the one :class:`ExecutorOptions` names."""
 
     def run(self, stage: Stage, plans: list[ShardPlan], opts: RunOptions, console=None) -> list[ShardResult]:
         """Run ``plans`` (from :func:`plan_run`) and return one :class:`ShardResult` per plan, in plan order."""
         raise NotImplementedError
+
+    def plan_and_run(self, stage: Stage, in_path: str | os.PathLike, out_path: str | os.PathLike, opts: RunOptions,
+                     console=None) -> list[ShardResult]:
+        """:func:`plan_run`, then :meth:`run` (a distributed executor plans each shard where it runs it)."""
+        return self.run(stage, plan_run(stage, in_path, out_path, opts), opts, console)
 
 
 class LocalExecutor(Executor):
@@ -667,22 +721,22 @@ def run_stage(stage: Stage, in_path: str | os.PathLike, out_path: str | os.PathL
               executor: Executor | None = None) -> list[ShardResult]:
     """Run ``stage`` over the shards of ``in_path`` (this rank's share; ``rank="auto"``: from the
     environment, :func:`rank_from_environment`) into ``out_path``: :func:`plan_run`, then ``executor``
-    (default :class:`LocalExecutor`).
+    (default :class:`LocalExecutor`), through :meth:`Executor.plan_and_run`.
 
     Returns one :class:`ShardResult` per shard handled by this rank, in shard order. With the
-    :class:`~stepkit.ray_executor.RayExecutor`, a shard that fails while running is one of them (status
-    ``failed``, its one-line ``error``) and the other shards finish.
+    :class:`~stepkit.ray_executor.RayExecutor`, a shard that fails while planned on its actor (bad input)
+    or running is one of them (status ``failed``, its one-line ``error``) and the other shards finish.
 
     Raises:
-        InputError: unreadable input, missing column, bad rows (before any generation).
+        InputError: unreadable input, missing column, bad rows (before any generation; with the Ray
+            executor only for what the driver checks: IN, side inputs).
         ConfigError: the configuration differs from a finished or partial run and ``force`` is off.
         StepkitError: the error rate of a shard exceeds ``max_error_rate`` (its parts are kept, so a
             rerun with a higher threshold finishes without generating again); with the local executor.
     """
     opts = RunOptions(chunk_size=chunk_size, force=force, rank=rank, world_size=world_size,
                       max_error_rate=max_error_rate, progress=progress)
-    plans = plan_run(stage, in_path, out_path, opts)
-    return (executor or LocalExecutor()).run(stage, plans, opts, console)
+    return (executor or LocalExecutor()).plan_and_run(stage, in_path, out_path, opts, console)
 
 
 def _check_writable(out: Path, shard: Path) -> None:
@@ -834,12 +888,13 @@ def _attribute_errors(stage: Stage, before: list, out_rows: list[dict]) -> tuple
     return own, upstream, reasons
 
 
-def run_shard(stage: Stage, plan: ShardPlan, opts: RunOptions, console=None, open_stage: bool = False,
-              report=None) -> ShardResult:
+def run_shard(stage: Stage, plan: ShardPlan, opts: RunOptions, console=None,
+              open_stage: bool | Callable[[], None] = False, report=None) -> ShardResult:
     """Run one planned shard to its finished output (resuming from committed parts), under a lock.
 
     The stage must be open, or ``open_stage`` opens it once the lock is held (so a second run of the
-    same OUT is refused before it loads a model). ``report(rows, tokens)``, when given, is called with the
+    same OUT is refused before it loads a model): ``True`` calls ``stage.open()``; a callable is called
+    instead (an executor that keeps one stage open for many shards opens it on the first only). ``report(rows, tokens)``, when given, is called with the
     shard's rows done so far (committed chunks included) and the tokens of this run, once the committed
     chunks are counted and after each commit (a distributed executor's progress view).
 
@@ -852,7 +907,9 @@ def run_shard(stage: Stage, plan: ShardPlan, opts: RunOptions, console=None, ope
     with contextlib.ExitStack() as locks:  # OUT and every side output: two runs never share a file
         for path in sorted({plan.output, *plan.side_outputs.values()}):
             locks.enter_context(_OutputLock(path))
-        if open_stage:
+        if callable(open_stage):
+            open_stage()
+        elif open_stage:
             stage.open()
         try:
             return _run_shard(stage, plan, opts, console, report or (lambda rows, tokens: None))

@@ -69,7 +69,7 @@ def assert_linear(fn, make_text, n: int = 16_000, factor: int = 16) -> None:
 def ray_cluster():
     """One local Ray instance for the whole session (the Ray executor's tests join it with --ray-address):
     2 CPUs, a 200 MB object store, on 127.0.0.1 only. Ray's dashboard process is started because the state
-    API (``ray.util.state.list_tasks``, which the kill test uses to find a shard's worker) is served by it;
+    API (``ray.util.state``, which the real-engine test uses to find its actor and its runs) is served by it;
     its web frontend is not used. Yields the address; shut down at the end of the session."""
     import logging
 

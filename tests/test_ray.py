@@ -1,5 +1,5 @@
 """The Ray executor (issue 12) with the scripted engine, on the session's local Ray instance
-(``ray_cluster`` in conftest): output identical to ``--executor local``, a worker killed mid-shard retried
+(``ray_cluster`` in conftest): output identical to ``--executor local``, an actor killed mid-shard retried
 and resumed from its committed chunks, a failing shard reported while the others finish, results matched
 to shards by identity, and the one-line errors of the options around it."""
 
@@ -22,7 +22,7 @@ from stepkit.prompts import DEFAULT_STOP
 from stepkit.runner import run_stage
 from stepkit.stages.mc_label import MCLabelConfig, MCLabelStage
 from tests.conftest import DATA, ROOT
-from tests.toy_stage import ToyConfig, ToyStage
+from tests.toy_stage import CountingToyStage, ToyConfig, ToyStage
 
 STEPKIT = [sys.executable, "-m", "stepkit.cli"]
 SCRIPTED = ["--engine", "scripted", "--model", "scripted:echo", "-k", "2", "--chunk-size", "1"]
@@ -85,37 +85,37 @@ def test_four_shards_on_ray_equal_the_local_run(shards, reference, ray_cluster, 
     assert again.stderr.count("up to date") == 4  # finished shards are not sent to Ray again
 
 
-def _running_task_pid(name: str, deadline: float) -> int:
-    """The pid of the worker running the Ray task ``name`` (Ray's state API: the task, then its worker). Task
-    events reach the state API a moment late, and earlier tests ran tasks of the same name, so the worker
-    must be alive and its process title (``ray::<task name>`` while Ray runs a task) must name the task."""
-    from ray.util.state import list_tasks, list_workers
-
+def _shard_actor_pid(parts: Path, deadline: float) -> int:
+    """The pid of the Ray actor running the shard of ``parts``: the process that logged its chunks there
+    (``log.jsonl``), checked to be a live Ray actor process (its title ``ray::_ShardActor...``)."""
     while time.time() < deadline:
-        for task in list_tasks(filters=[("name", "=", name), ("state", "=", "RUNNING")]):
-            for worker in list_workers(filters=[("worker_id", "=", task.worker_id)]):
-                try:
-                    title = Path(f"/proc/{worker.pid}/cmdline").read_bytes().decode(errors="replace")
-                except OSError:
-                    continue
-                if worker.is_alive and title.startswith(f"ray::{name}"):
-                    return worker.pid
-        time.sleep(0.1)
-    raise AssertionError(f"task {name!r} never seen running")
+        try:
+            events = [json.loads(line) for line in (parts / "log.jsonl").read_text().splitlines() if line.strip()]
+        except (OSError, json.JSONDecodeError):
+            events = []
+        for e in reversed(events):
+            try:
+                title = Path(f"/proc/{e['pid']}/cmdline").read_bytes().decode(errors="replace")
+            except OSError:
+                continue
+            if title.startswith("ray::_ShardActor"):
+                return e["pid"]
+        time.sleep(0.05)
+    raise AssertionError(f"no live actor seen writing {parts}")
 
 
-def test_a_worker_killed_mid_shard_is_retried_and_resumes(shards, reference, ray_cluster, tmp_path):
+def test_an_actor_killed_mid_shard_is_retried_and_resumes(shards, reference, ray_cluster, tmp_path):
     out = tmp_path / "out"
     parts = out / "s0.parquet.parts"
     proc = subprocess.Popen([*STEPKIT, "mc-label", str(shards), str(out), *SCRIPTED, "--executor", "ray",
                              "--ray-address", ray_cluster], cwd=ROOT, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True, env={**os.environ, "STEPKIT_SCRIPTED_DELAY": "0.05"})
     deadline = time.time() + 120
-    pid = _running_task_pid("stepkit mc-label s0.parquet", deadline)
     while len(list(parts.glob("part-*.parquet"))) < 2:
         assert proc.poll() is None and time.time() < deadline, proc.stderr.read() if proc.poll() is not None else ""
         time.sleep(0.02)
-    os.kill(pid, signal.SIGKILL)  # the worker process dies mid-shard, as when its machine is lost
+    pid = _shard_actor_pid(parts, deadline)
+    os.kill(pid, signal.SIGKILL)  # the actor's process dies mid-shard, as when its machine is lost
     committed = {p.name: pq.read_table(p).to_pylist() for p in parts.glob("part-*.parquet")}
     assert 2 <= len(committed) < SIZES[0] and not (out / "s0.parquet").exists()
     stderr = proc.communicate(timeout=180)[1]
@@ -243,3 +243,64 @@ def test_every_model_stage_has_the_executor_options(command):
     for flag in ("--executor [local|ray]", "--ray-address", "--cpus-per-shard", "--gpus-per-shard",
                  "--shard-retries", "--rank R|auto"):
         assert flag in r.output, (command, flag)
+
+
+def test_each_actor_opens_the_stage_once_for_all_its_shards(shards, ray_cluster, tmp_path):
+    """4 shards on the session's 2 CPUs with 1 CPU per shard: 2 actors, each opening the stage once, running
+    its shards, closing it once, and then gone (its process ends, so an engine's memory is given back)."""
+    from stepkit.ray_executor import RayExecutor
+
+    log = tmp_path / "opens.log"
+    stage = CountingToyStage(ToyConfig(steps_out=str(tmp_path / "steps"), delay=0.1), str(log))
+    results = run_stage(stage, shards, tmp_path / "out", progress=False, chunk_size=1, executor=RayExecutor())
+    assert [r.status for r in results] == ["done"] * 4
+    events = [line.split() for line in log.read_text().splitlines()]
+    opens = [pid for what, pid in events if what == "open"]
+    closes = [pid for what, pid in events if what == "close"]
+    assert len(opens) == 2 and len(set(opens)) == 2 and sorted(closes) == sorted(opens), events
+    assert str(os.getpid()) not in opens
+    deadline = time.time() + 30
+    while any(Path(f"/proc/{pid}").exists() for pid in opens) and time.time() < deadline:
+        time.sleep(0.2)
+    assert not any(Path(f"/proc/{pid}").exists() for pid in opens), "an actor process outlived the run"
+
+
+def _one_bad_shard(shards: Path, folder: Path, name: str, damage) -> Path:
+    """A copy of ``shards`` in ``folder`` whose shard ``name`` is ``damage(table)``."""
+    folder.mkdir()
+    for p in shards.glob("*.parquet"):
+        (folder / p.name).write_bytes(p.read_bytes())
+    pq.write_table(damage(pq.read_table(folder / name)), folder / name)
+    return folder
+
+
+def test_shards_with_bad_rows_fail_alone_on_ray(shards, reference, ray_cluster, tmp_path):
+    """Each actor plans its own shard: s1 has no `steps` column and s2 a row whose `steps` list is empty. Each
+    fails with the one line a local run of it gives, while s0 and s3 finish; exit status 1. (With --executor
+    local, planning reads every shard first and the first bad one stops the command before any work.)"""
+    def no_steps(t):
+        return t.drop_columns(["steps"])
+
+    def empty_steps(t):
+        steps = t.column("steps").to_pylist()
+        steps[1] = []
+        return t.set_column(t.schema.get_field_index("steps"), "steps", pa.array(steps, t.schema.field("steps").type))
+
+    folder = _one_bad_shard(shards, tmp_path / "in", "s1.parquet", no_steps)
+    pq.write_table(empty_steps(pq.read_table(folder / "s2.parquet")), folder / "s2.parquet")
+    expected = []
+    for name in ("s1.parquet", "s2.parquet"):  # the error line of a local run of that shard alone
+        alone = tmp_path / f"alone-{name}"
+        alone.mkdir()
+        (alone / name).write_bytes((folder / name).read_bytes())
+        local = run("mc-label", alone, tmp_path / f"out-{name[:2]}", *SCRIPTED, "--no-progress", check=False)
+        assert local.returncode == 1 and local.stderr.startswith("error: "), local.stderr
+        expected.append(local.stderr.strip().replace(str(alone), str(folder)))
+    out = tmp_path / "out"
+    p = run("mc-label", folder, out, *SCRIPTED, "--executor", "ray", "--ray-address", ray_cluster, check=False)
+    assert p.returncode == 1, p.stderr
+    errors = [line for line in p.stderr.splitlines() if line.startswith("error:")]
+    assert errors == expected and "steps" in errors[0] and "Traceback" not in p.stderr
+    assert "shards: 2 done, 0 running, 2 failed, 0 waiting" in p.stderr
+    assert rows_of(out) == {k: v for k, v in rows_of(reference).items() if k in ("s0.parquet", "s3.parquet")}
+    assert not (out / "s1.parquet.parts").exists() and not (out / "s2.parquet.parts").exists()

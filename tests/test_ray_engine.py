@@ -1,7 +1,8 @@
 """mc-label --executor ray with the real vLLM engine (CPU) and the bundled model, on 2 shards of 2 real
-GSM8K solutions, one Ray task at a time (--cpus-per-shard 2 on the session's 2-CPU Ray instance).
+GSM8K solutions, on one Ray actor (--cpus-per-shard 2 on the session's 2-CPU Ray instance) that builds
+the engine once and labels both shards with it.
 
-Each task builds its own engine inside its Ray worker, so this module loads no engine of its own in the
+The actor builds its engine inside its own process, so this module loads no engine of its own in the
 pytest process and shares none: the engine tests' module-scoped engines are closed when their module ends,
 and this module runs alone, so at most one engine is loaded at a time here (the session's Ray instance is
 already up from tests/test_ray.py when it runs, or starts here).
@@ -23,7 +24,7 @@ from tests.conftest import DATA, ROOT, run_cli
 pytestmark = pytest.mark.engine
 
 
-def test_mc_label_on_ray_builds_the_engine_in_each_task(ray_cluster, tmp_path):
+def test_mc_label_on_ray_builds_the_engine_once_in_its_actor(ray_cluster, tmp_path):
     sol = tmp_path / "sol.parquet"
     run_cli("ingest", "gsm8k-solutions", DATA / "gsm8k" / "example_model_solutions.jsonl", sol, "--limit", "1")
     table = pq.read_table(sol)
@@ -53,20 +54,31 @@ def test_mc_label_on_ray_builds_the_engine_in_each_task(ray_cluster, tmp_path):
         assert m["provenance"]["engine"]["engine"] == "vllm" and m["provenance"]["engine"]["vllm_version"]
         assert m["counts"]["continuations"] == sum(2 * len(r["steps"]) for r in rows)
         assert m["run"]["chunks_this_run"] == 2 and m["run"]["tokens_this_run"] > 0
-        # one Ray task per shard, with its 2 CPUs (the scripted tests' tasks of the same name took 1)
-        assert _finished_task(f"stepkit mc-label s{i}.parquet", cpus=2.0).worker_pid not in (None, os.getpid())
+    # one actor with the 2 CPUs ran both shards (the scripted tests' actors took 1 CPU each), then was killed
+    actor = _actor_with(cpus=2.0)
+    assert actor.pid not in (None, os.getpid()) and actor.state == "DEAD"
+    _finished_runs(actor.actor_id, 2)
 
 
-def _finished_task(name: str, cpus: float):
-    """The Ray task ``name`` that reserved ``cpus`` CPUs, once Ray's state API reports it finished (task
-    events reach it a moment after the task ends)."""
+def _actor_with(cpus: float):
+    """The one ``_ShardActor`` that reserved ``cpus`` CPUs (Ray's state API)."""
+    from ray.util.state import list_actors
+
+    actors = [a for a in list_actors(filters=[("class_name", "=", "_ShardActor")], detail=True, limit=1000)
+              if (a.required_resources or {}).get("CPU") == cpus]
+    assert len(actors) == 1, actors
+    return actors[0]
+
+
+def _finished_runs(actor_id: str, n: int) -> None:
+    """The actor ran ``n`` shards, once Ray's state API reports them finished (task events reach it a moment
+    after the task ends)."""
     from ray.util.state import list_tasks
 
     deadline = time.time() + 30
     while True:
-        tasks = [t for t in list_tasks(filters=[("name", "=", name)], detail=True)
-                 if t.required_resources.get("CPU") == cpus]
-        if len(tasks) == 1 and tasks[0].state == "FINISHED" or time.time() > deadline:
-            assert len(tasks) == 1 and tasks[0].state == "FINISHED", tasks
-            return tasks[0]
+        runs = list_tasks(filters=[("actor_id", "=", actor_id), ("name", "=", "_ShardActor.run")])
+        if [t.state for t in runs] == ["FINISHED"] * n or time.time() > deadline:
+            assert [t.state for t in runs] == ["FINISHED"] * n, runs
+            return
         time.sleep(0.2)

@@ -71,6 +71,22 @@ class ToyStage(Stage):
         return out, {"steps": sum(map(len, (r["steps"] for r in rows)))}, {"steps": side}
 
 
+class CountingToyStage(ToyStage):
+    """The toy stage, writing a line to ``log`` each time a process opens or closes it."""
+
+    def __init__(self, cfg: ToyConfig, log: str):
+        super().__init__(cfg)
+        self.log = log
+
+    def open(self):
+        with open(self.log, "a") as f:
+            f.write(f"open {os.getpid()}\n")
+
+    def close(self):
+        with open(self.log, "a") as f:
+            f.write(f"close {os.getpid()}\n")
+
+
 @click.command("toy-steps")
 @click.argument("inp", metavar="IN", type=click.Path())
 @click.argument("out", metavar="OUT", type=click.Path())
