@@ -161,6 +161,11 @@ class Stage:
         ``rows`` hold the required columns, plus ``error`` when the shard has one (rows that already
         failed upstream pass through unlabelled and need not be valid)."""
 
+    def planned(self) -> None:
+        """Called once every shard of the run was validated, before anything is written: raise
+        :class:`ConfigError` or :class:`InputError` for a fault only the whole input shows (``filter``'s
+        status rule naming a value no row has)."""
+
     def open(self) -> None:
         """Load models; called once, only if some chunk has work to do."""
 
@@ -475,7 +480,9 @@ def plan_run(stage: Stage, in_path: str | os.PathLike, out_path: str | os.PathLi
             another configuration and ``opts.force`` is off. Nothing has been written then.
     """
     setup = prepare_run(stage, in_path, out_path, opts)
-    return [plan_shard(stage, setup, shard, opts) for shard in setup.shards]
+    plans = [plan_shard(stage, setup, shard, opts) for shard in setup.shards]
+    stage.planned()
+    return plans
 
 
 def prepare_run(stage: Stage, in_path: str | os.PathLike, out_path: str | os.PathLike, opts: RunOptions) -> RunSetup:

@@ -361,6 +361,9 @@ def check_kept_steps(row: dict, n: int, path, i: int) -> None:
     k = row.get("filter_kept_steps")
     if k is not None and not 1 <= k <= n:
         raise InputError(path, f"{k} kept steps of {n} (expected 1..{n})", row=i, column="filter_kept_steps")
+    b = row.get("filter_steps_before")
+    if b is not None and b < n:  # an earlier filter only ever cut steps
+        raise InputError(path, f"{b} steps before filtering, but the row has {n}", row=i, column="filter_steps_before")
 
 
 def error_reason(error: str) -> str:

@@ -776,6 +776,24 @@ def test_kept_steps_outside_the_steps_are_bad_input(tmp_path, kept):
     assert not src.with_name("out.parquet").exists() and not src.with_name("dataset").exists()
 
 
+def test_steps_before_filtering_fewer_than_the_steps_are_bad_input(tmp_path):
+    """Before: filter carried ``filter_steps_before`` -2 over to a row of 2 steps (found by the fuzz)."""
+    src = _shard(tmp_path, filter_steps_before=pa.array([-2, 2], I32))
+    for flag_only in (True, False):
+        with pytest.raises(InputError, match=rf"^{src}: row 0, column 'filter_steps_before': -2 steps before "
+                                             r"filtering, but the row has 2$"):
+            _filter(src, "dedupe", flag_only=flag_only)
+
+
+def test_a_status_typo_leaves_nothing_behind(tmp_path):
+    """Before: the typo check ran in the first chunk, after the parts folder was made (found by the fuzz)."""
+    src = _shard(tmp_path, mc_status=pa.array(["no_signal", "no_signal"]))
+    before = listing(tmp_path)
+    with pytest.raises(ConfigError, match="no input row has mc_status ok .present: no_signal.; a typo would drop"):
+        _filter(src, "status:mc_status=ok", flag_only=False)
+    check_nothing_left(tmp_path, before)
+
+
 def test_a_status_rule_on_a_nested_column_is_one_error_line(tmp_path):
     src = _shard(tmp_path, my_status=pa.array([{"a": "x"}, {"a": "y"}]))  # before: TypeError: unhashable 'dict'
     with pytest.raises(InputError, match=r"column 'my_status': --rule 'status:my_status=x' compares a whole cell, "

@@ -264,13 +264,19 @@ class Status(Rule):
                                    f"({'true or false' if pa.types.is_boolean(t) else 'an integer'})",
                              column=col) from None
 
-    def decide(self, rows, cfg):
+    def check_seen(self, rows=()) -> None:
+        """Raise :class:`ConfigError` when no input row (observed while planning, else ``rows``) has one of
+        the values of a ``=`` rule: a typo would drop every row."""
         col = self.columns[0]
         seen = self.seen if self.seen is not None else any(r.get(col) in self.values for r in rows)
-        if not self.negate and rows and not seen:
+        if not self.negate and (rows or self.seen is not None) and not seen:
             present = sorted(self.present or {str(r.get(col)) for r in rows})[:10]
             raise ConfigError(f"--rule {self.text!r}: no input row has {col} {' or '.join(self.raw)} (present: "
                               f"{', '.join(present)}); a typo would drop every row")
+
+    def decide(self, rows, cfg):
+        col = self.columns[0]
+        self.check_seen(rows)
         return [KEEP if ((r.get(col) in self.values) != self.negate) else ("drop", "status") for r in rows]
 
 
@@ -423,7 +429,7 @@ class FilterStage(Stage):
         self.required_columns = ("prompt", "steps")  # each rule checks its own columns (naming the rule)
         status_cols = {r.columns[0] for r in self.rules if isinstance(r, Status)}  # observed while planning
         self.optional_columns = tuple(sorted(PER_STEP_COLUMNS | set(cfg.step_column)
-                                             | {"filter_reason", "filter_kept_steps"} | status_cols))
+                                             | {"filter_reason", "filter_kept_steps", "filter_steps_before"} | status_cols))
 
     def output_schema(self, input_schema):
         return extend_schema(input_schema, FILTER_FIELDS)
@@ -440,6 +446,12 @@ class FilterStage(Stage):
                 raise InputError(path, f"--step-column must be a list column, found {t}", column=c)
         for rule in self.rules:
             rule.check_schema(schema, path)
+
+    def planned(self):
+        """A status rule whose value no input row of the run has is refused before anything is written."""
+        for rule in self.rules:
+            if isinstance(rule, Status):
+                rule.check_seen()
 
     def validate(self, rows, path, first_row):
         """Every per-step column of a row has one entry per step (null cells are allowed), and the steps
