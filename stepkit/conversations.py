@@ -180,6 +180,8 @@ def parse_conversation(messages: Any) -> Conversation:
             turns.append(Turn(m))
         elif role == "tool":
             call_id = m.get("tool_call_id")
+            if not isinstance(call_id, str):
+                raise ConversationError(f"tool_call_id is a {type(call_id).__name__}, not the id of a call", i)
             if call_id not in open_calls and call_id in earlier:
                 raise ConversationError(f"tool result for call id {call_id!r} of the turn at message "
                                         f"{earlier[call_id]}, after a later turn (message {turn_at}): a result "

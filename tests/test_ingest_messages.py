@@ -116,6 +116,8 @@ BAD = {
                          "traj[{call}]", "a JSON list, not an object"),
     "content a number": (lambda t: t[1].update(content=5), "traj[1]", "content is a int"),
     "no assistant turn": (lambda t: t.__setitem__(slice(2, None), []), "traj", "no assistant message"),
+    "tool_call_id a list": (lambda t: t[_call_index(t) + 1].update(tool_call_id=["x"]), "traj[{call1}]",
+                            "tool_call_id is a list, not the id of a call"),
     "tool name a number": (lambda t: t[_call_index(t) + 1].update(name=5), "traj[{call1}]", "name is a int, not a string"),
     "empty turn": (lambda t: t[2].update(content=" \n"), "traj[2]", "no text and no tool call (an empty turn)"),
     # arguments json.loads took, or failed on with a traceback (RecursionError, a surrogate pyarrow could not
