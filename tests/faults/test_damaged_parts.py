@@ -10,8 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from stepkit.runner import run_stage
-from tests.faults.common import (MC_LABEL, committed, manifest, parts_of, rows_lost, start, stepkit,
-                                 wait_for_parts)
+from tests.faults.common import MC_LABEL, committed, manifest, parts_of, rows_lost, start, stepkit, wait_for_parts
 from tests.toy_stage import ToyConfig, ToyStage
 
 

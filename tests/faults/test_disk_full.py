@@ -13,8 +13,17 @@ import pyarrow.parquet as pq
 import pytest
 
 from stepkit.shards import file_sha256
-from tests.faults.common import (MC_LABEL, committed, manifest, one_error_line, parts_of, rows_lost, start, stepkit,
-                                 wait_for_parts)
+from tests.faults.common import (
+    MC_LABEL,
+    committed,
+    manifest,
+    one_error_line,
+    parts_of,
+    rows_lost,
+    start,
+    stepkit,
+    wait_for_parts,
+)
 
 
 def assert_parts_intact(out: Path) -> int:

@@ -8,8 +8,18 @@ import signal
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from tests.faults.common import (MC_LABEL, committed, ids, manifest, one_error_line, parts_of, rows_lost, start,
-                                 stepkit, wait_for_parts)
+from tests.faults.common import (
+    MC_LABEL,
+    committed,
+    ids,
+    manifest,
+    one_error_line,
+    parts_of,
+    rows_lost,
+    start,
+    stepkit,
+    wait_for_parts,
+)
 
 
 def test_changed_input_is_refused_unless_force(solutions, tmp_path, fault_table):

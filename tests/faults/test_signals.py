@@ -13,8 +13,17 @@ import pyarrow.parquet as pq
 import pytest
 
 from stepkit.runner import _OutputLock
-from tests.faults.common import (MC_LABEL, committed, log_events, manifest, one_error_line, rows_lost, start,
-                                 stepkit, wait_for_parts)
+from tests.faults.common import (
+    MC_LABEL,
+    committed,
+    log_events,
+    manifest,
+    one_error_line,
+    rows_lost,
+    start,
+    stepkit,
+    wait_for_parts,
+)
 
 
 def gone_within(procs: list[psutil.Process], seconds: float) -> float:
