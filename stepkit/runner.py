@@ -11,9 +11,12 @@ Contract (``docs/architecture.md``, "The runner contract"):
 * Each shard is processed in chunks of ``chunk_size`` rows. A finished chunk is committed as
   ``<out>.parts/part-00007.parquet`` (temp file + rename) with its counters in ``part-00007.json`` and
   its side-output rows in ``<name>-00007.parquet``, written first: the main part's ``.parquet`` existing
-  is what marks the chunk committed. A killed run, started again with the same command, skips
-  committed chunks and redoes at most the chunk that was in flight. Parts deleted during a run are
-  redone in that run.
+  is what marks the chunk committed. The counters file records the sha256 of the rows part and of each
+  side table. A killed run, started again with the same command, skips committed chunks whose files match
+  their checksums and redoes at most the chunk that was in flight; a damaged chunk (truncated, bit-flipped,
+  replaced, a file missing) is redone with one warning line, never reused. Parts deleted during a run are
+  redone in that run. A failed write (a full disk) is one :class:`StepkitError` line naming the file; Ctrl-C
+  and SIGTERM (:class:`~stepkit.errors.Interrupted`) release the lock and keep the committed chunks.
 * When every chunk is committed, the side outputs and then ``<out>`` are written atomically, each with a
   manifest beside it (``<stem>.manifest.json``) and in its Parquet metadata, and the parts folder is
   removed.

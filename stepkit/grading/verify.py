@@ -629,6 +629,11 @@ class AnswerChecker:
         for proc in procs:
             proc.join(5)
         pool.shutdown(wait=False, cancel_futures=True)
+        # Let the pool's manager thread see its dead workers and finish: one still closing its wake-up pipe
+        # when the interpreter exits (a Ctrl-C mid-check) makes concurrent.futures print an OSError traceback.
+        manager = getattr(pool, "_executor_manager_thread", None)
+        if manager is not None:
+            manager.join(5)
 
     def close(self) -> None:
         """Stop the worker processes (a later check starts new ones)."""
