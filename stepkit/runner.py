@@ -779,34 +779,46 @@ def run_shard(stage: Stage, plan: ShardPlan, opts: RunOptions, console=None, ope
     """Run one planned shard to its finished output (resuming from committed parts), under a lock.
 
     The stage must be open, or ``open_stage`` opens it once the lock is held (so a second run of the
-    same OUT is refused before it loads a model).
+    same OUT is refused before it loads a model); a stage it opened is closed again if the shard fails,
+    before the lock is released (the caller closes it after a shard that returned).
 
     Raises:
         StepkitError: the shard's error rate exceeds ``max_error_rate`` (committed parts are kept), or a
             part or OUT cannot be written (a full disk; one line naming the file).
-        Interrupted: Ctrl-C or SIGTERM; the lock is released and committed chunks are kept (a rerun
-            redoes at most the chunk that was in flight). The caller closes the stage (its engine's
-            processes) as the exception passes.
+        Interrupted: Ctrl-C or SIGTERM; the stage is closed (its engine's processes shut down) when it was
+            opened here, the lock is released and committed chunks are kept (a rerun redoes at most the
+            chunk that was in flight).
     """
     with contextlib.ExitStack() as locks:  # OUT and every side output: two runs never share a file
         for path in sorted({plan.output, *plan.side_outputs.values()}):
             locks.enter_context(_OutputLock(path))
-        if open_stage:
-            stage.open()
-        parts = _parts_dir(plan.output)
         try:
-            return _run_shard(stage, plan, opts, console)
-        except InputError:  # bad input found mid-run (damaged pages of a column planning does not read)
-            if not any(parts.glob("part-*.parquet")):  # nothing committed: leave no parts folder behind
-                shutil.rmtree(parts, ignore_errors=True)
+            if open_stage:
+                stage.open()
+            return _explained_run_shard(stage, plan, opts, console)
+        except BaseException:  # the executor closes only a stage whose first shard returned: the one opened here
+            if open_stage:     # is closed here, with the lock still held (the engine's processes go first)
+                stage.close()
             raise
-        except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM through the CLI: the chunk in flight is lost
-            signum = getattr(e, "signum", signal.SIGINT)
-            kept = len(list(parts.glob("part-*.parquet")))
-            with contextlib.suppress(StepkitError):
-                _log(parts, event="interrupted", signal=signal.Signals(signum).name, committed=kept)
-            raise Interrupted(signum, f"{plan.output}: stopped by {signal.Signals(signum).name}; {kept} committed "
-                                      f"chunk(s) kept in {parts}: run the same command again to resume") from None
+
+
+def _explained_run_shard(stage: Stage, plan: ShardPlan, opts: RunOptions, console) -> ShardResult:
+    """:func:`_run_shard`; bad input found mid-run leaves no empty parts folder, and Ctrl-C/SIGTERM become
+    :class:`Interrupted` with the line saying what was kept."""
+    parts = _parts_dir(plan.output)
+    try:
+        return _run_shard(stage, plan, opts, console)
+    except InputError:  # bad input found mid-run (damaged pages of a column planning does not read)
+        if not any(parts.glob("part-*.parquet")):  # nothing committed: leave no parts folder behind
+            shutil.rmtree(parts, ignore_errors=True)
+        raise
+    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM through the CLI: the chunk in flight is lost
+        signum = getattr(e, "signum", signal.SIGINT)
+        kept = len(list(parts.glob("part-*.parquet")))
+        with contextlib.suppress(StepkitError):
+            _log(parts, event="interrupted", signal=signal.Signals(signum).name, committed=kept)
+        raise Interrupted(signum, f"{plan.output}: stopped by {signal.Signals(signum).name}; {kept} committed "
+                                  f"chunk(s) kept in {parts}: run the same command again to resume") from None
 
 
 def _commit_chunk(parts: Path, i: int, main: pa.Table, tables: dict[str, pa.Table], meta: dict[str, Any]) -> None:

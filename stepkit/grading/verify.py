@@ -628,10 +628,10 @@ class AnswerChecker:
             proc.kill()
         for proc in procs:
             proc.join(5)
+        manager = getattr(pool, "_executor_manager_thread", None)  # (shutdown forgets it)
         pool.shutdown(wait=False, cancel_futures=True)
         # Let the pool's manager thread see its dead workers and finish: one still closing its wake-up pipe
         # when the interpreter exits (a Ctrl-C mid-check) makes concurrent.futures print an OSError traceback.
-        manager = getattr(pool, "_executor_manager_thread", None)
         if manager is not None:
             manager.join(5)
 

@@ -81,3 +81,33 @@ def test_stopped_mid_generation_cleans_up_and_resumes(solutions, reference, tmp_
                     f"{128 + signum}; lock file removed; checker workers gone; the rerun resumed", lost,
                     f"{len(children)} children gone {seconds:.1f} s after exit; {kept} chunks kept, "
                     f"{len(started) - kept} in flight redone")
+
+
+def test_a_stage_opened_for_a_shard_that_fails_is_closed_before_the_lock_goes(solutions, tmp_path):
+    """The executor closes a stage only after a shard returned; one whose first shard is interrupted (or
+    fails) is closed by run_shard itself, while the lock is still held, so its engine's processes never
+    outlive the run."""
+    from stepkit.errors import Interrupted
+    from stepkit.runner import run_stage
+    from tests.toy_stage import ToyConfig, ToyStage
+
+    out = tmp_path / "o.parquet"
+    events = []
+
+    class Stopped(ToyStage):
+        def open(self):
+            events.append("open")
+
+        def process(self, rows):
+            if len(events) == 3:
+                raise KeyboardInterrupt  # Ctrl-C in the third chunk
+            events.append("chunk")
+            return super().process(rows)
+
+        def close(self):
+            events.append(f"close, lock held: {(tmp_path / '.o.parquet.lock').exists()}")
+
+    with pytest.raises(Interrupted, match=r"o.parquet: stopped by SIGINT; 2 committed chunk\(s\) kept"):
+        run_stage(Stopped(ToyConfig(steps_out=str(tmp_path / "s.parquet"))), solutions, out, progress=False)
+    assert events == ["open", "chunk", "chunk", "close, lock held: True"]
+    assert not (tmp_path / ".o.parquet.lock").exists()
