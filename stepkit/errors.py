@@ -76,3 +76,19 @@ class RowError(str):
         obj = super().__new__(cls, f"{stage}: {message}")
         obj.stage, obj.message = stage, str(message)
         return obj
+
+
+class Interrupted(KeyboardInterrupt):
+    """The run was stopped by a signal: SIGINT (Ctrl-C) or SIGTERM (the CLI turns SIGTERM into this).
+
+    A ``KeyboardInterrupt``, so every cleanup path (``finally``, ``except BaseException``) runs as for
+    Ctrl-C and no ``except Exception`` swallows it. ``signum`` is the signal; ``str(e)`` is one line for the
+    user (what was kept, how to resume); the CLI exits with status ``128 + signum``.
+    """
+
+    def __init__(self, signum: int, message: str = ""):
+        import signal
+
+        self.signum = signum
+        name = signal.Signals(signum).name
+        super().__init__(one_line(message or f"stopped by {name}"))

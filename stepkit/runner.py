@@ -11,9 +11,12 @@ Contract (``docs/architecture.md``, "The runner contract"):
 * Each shard is processed in chunks of ``chunk_size`` rows. A finished chunk is committed as
   ``<out>.parts/part-00007.parquet`` (temp file + rename) with its counters in ``part-00007.json`` and
   its side-output rows in ``<name>-00007.parquet``, written first: the main part's ``.parquet`` existing
-  is what marks the chunk committed. A killed run, started again with the same command, skips
-  committed chunks and redoes at most the chunk that was in flight. Parts deleted during a run are
-  redone in that run.
+  is what marks the chunk committed. The counters file records the sha256 of the rows part and of each
+  side table. A killed run, started again with the same command, skips committed chunks whose files match
+  their checksums and redoes at most the chunk that was in flight; a damaged chunk (truncated, bit-flipped,
+  replaced, a file missing) is redone with one warning line, never reused. Parts deleted during a run are
+  redone in that run. A failed write (a full disk) is one :class:`StepkitError` line naming the file; Ctrl-C
+  and SIGTERM (:class:`~stepkit.errors.Interrupted`) release the lock and keep the committed chunks.
 * When every chunk is committed, the side outputs and then ``<out>`` are written atomically, each with a
   manifest beside it (``<stem>.manifest.json``) and in its Parquet metadata, and the parts folder is
   removed.
@@ -38,6 +41,8 @@ import dataclasses
 import json
 import os
 import shutil
+import signal
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -47,7 +52,7 @@ from typing import Any
 import pyarrow as pa
 
 from stepkit import __version__
-from stepkit.errors import ConfigError, InputError, RowError, StepkitError, one_line
+from stepkit.errors import ConfigError, InputError, Interrupted, RowError, StepkitError, one_line
 from stepkit.matching import match_by_id
 from stepkit.options import Config, flag_of, identity, opt
 from stepkit.schema import (
@@ -809,14 +814,38 @@ class _OutputLock:
         os.close(self.fd)
 
 
+def _warn(message: str) -> None:
+    """One ``warning: ...`` line on stderr (a fault the run recovers from, e.g. a damaged part redone)."""
+    print(f"warning: {one_line(message)}", file=sys.stderr, flush=True)
+
+
+def _os_reason(e: OSError) -> str:
+    """``No space left on device`` for an OSError from Python or pyarrow (whose ``strerror`` may be unset)."""
+    if e.errno:
+        return os.strerror(e.errno)
+    return (str(e).splitlines() or [type(e).__name__])[0]
+
+
+@contextlib.contextmanager
+def _writing(path: Path, parts: Path):
+    """Turn an OSError while ``path`` is written (a full disk, a quota, a read-only folder) into one
+    :class:`StepkitError` line naming the file; what was committed before stays in ``parts``."""
+    try:
+        yield
+    except OSError as e:
+        raise StepkitError(f"{path}: cannot write it ({_os_reason(e)}); the chunks committed so far are kept in "
+                           f"{parts}: free some space and run the same command again to resume") from None
+
+
 def _parts_dir(out: Path) -> Path:
     return out.with_name(out.name + ".parts")
 
 
 def _log(parts: Path, **event) -> None:
-    parts.mkdir(parents=True, exist_ok=True)  # a user may have deleted it mid-run
-    with open(parts / "log.jsonl", "a") as f:
-        f.write(json.dumps({"time": time.time(), "pid": os.getpid(), **event}) + "\n")
+    with _writing(parts / "log.jsonl", parts):
+        parts.mkdir(parents=True, exist_ok=True)  # a user may have deleted it mid-run
+        with open(parts / "log.jsonl", "a") as f:
+            f.write(json.dumps({"time": time.time(), "pid": os.getpid(), **event}) + "\n")
 
 
 def _part(parts: Path, i: int, kind: str = "part", suffix: str = "parquet") -> Path:
@@ -826,21 +855,63 @@ def _part(parts: Path, i: int, kind: str = "part", suffix: str = "parquet") -> P
 def _ensure_parts(parts: Path, ident: dict[str, Any]) -> None:
     """The parts folder with its ``run.json`` (the identity), created again if it was deleted mid-run."""
     if not (parts / "run.json").exists():
-        parts.mkdir(parents=True, exist_ok=True)
-        write_json(parts / "run.json", ident)
+        with _writing(parts / "run.json", parts):
+            parts.mkdir(parents=True, exist_ok=True)
+            write_json(parts / "run.json", ident)
 
 
-def _committed(parts: Path, i: int, side_names) -> bool:
-    """Chunk ``i`` is committed: its rows, its counters and its side tables are all there."""
-    return all(p.exists() for p in (_part(parts, i), _part(parts, i, suffix="json"),
-                                    *(_part(parts, i, name) for name in side_names)))
+def _chunk_damage(parts: Path, i: int, side_names) -> str | None:
+    """Why chunk ``i`` cannot be reused: ``"missing"`` when it was never committed (no rows part), else
+    what is wrong with its committed files (a counters file or side table missing or unreadable, no
+    checksum recorded, a file whose sha256 is not the one recorded at commit: truncated, bit-flipped or
+    replaced since); None when the chunk is committed and intact.
+
+    The checksums are the ``sha256`` map of ``part-NNNNN.json`` (``part`` for the rows, one per side
+    table), written before the rows part appears, so a chunk is reused only byte for byte as committed."""
+    main = _part(parts, i)
+    if not main.exists():
+        return "missing"
+    try:
+        meta = json.loads(_part(parts, i, suffix="json").read_text())
+    except FileNotFoundError:
+        return f"its counters file {_part(parts, i, suffix='json').name} is missing"
+    except (OSError, ValueError):
+        return f"its counters file {_part(parts, i, suffix='json').name} is unreadable"
+    sums = meta.get("sha256") if isinstance(meta, dict) else None
+    if not isinstance(sums, dict):
+        return "no checksum was recorded with it (committed by an older stepkit)"
+    for key, path in (("part", main), *((name, _part(parts, i, name)) for name in side_names)):
+        try:
+            actual = file_sha256(path)
+        except FileNotFoundError:
+            return f"its file {path.name} is missing"
+        except OSError as e:
+            return f"its file {path.name} is unreadable ({e.strerror or e})"
+        if sums.get(key) != actual:
+            return f"{path.name} does not match the sha256 recorded when it was committed (changed since)"
+    return None
+
+
+def _intact_chunks(parts: Path, n_chunks: int, side_names, warn) -> set[int]:
+    """The chunks committed and intact (:func:`_chunk_damage`). A damaged chunk is reported with one
+    ``warn`` line, logged, and its rows part removed, so it is redone and never reused."""
+    intact = set()
+    for i in range(n_chunks):
+        why = _chunk_damage(parts, i, side_names)
+        if why is None:
+            intact.add(i)
+        elif why != "missing":
+            warn(f"{_part(parts, i)}: committed chunk {i} is damaged ({why}); it is redone")
+            _log(parts, event="damaged", chunk=i, reason=why)
+            _part(parts, i).unlink(missing_ok=True)
+    return intact
 
 
 def _uncommitted_chunks(shard: Path, bounds: list[tuple[int, int]], parts: Path, side_names, committed: set[int],
-                        resumed: set[int]):
+                        resumed: set[int], warn=None):
     """``(i, rows)`` of each chunk not in ``committed``; then again for any chunk whose committed parts
-    disappeared during the pass (``OUT.parts`` or OUT's folder deleted mid-run), which are so redone.
-    Chunks redone leave ``resumed``. A third pass is refused: something keeps deleting the parts."""
+    disappeared or were damaged during the pass (``OUT.parts`` or OUT's folder deleted mid-run), which are
+    so redone. Chunks redone leave ``resumed``. A third pass is refused: something keeps deleting the parts."""
     todo = set(range(len(bounds))) - committed
     for attempt in range(3):
         if not todo:
@@ -854,7 +925,7 @@ def _uncommitted_chunks(shard: Path, bounds: list[tuple[int, int]], parts: Path,
         for i, rows in enumerate(iter_row_ranges(shard, bounds)):
             if i in todo:
                 yield i, rows
-        todo = {i for i in range(len(bounds)) if not _committed(parts, i, side_names)}
+        todo = set(range(len(bounds))) - _intact_chunks(parts, len(bounds), side_names, warn or _warn)
 
 
 def _read_part(path: Path):
@@ -901,29 +972,78 @@ def run_shard(stage: Stage, plan: ShardPlan, opts: RunOptions, console=None,
 
     The stage must be open, or ``open_stage`` opens it once the lock is held (so a second run of the
     same OUT is refused before it loads a model): ``True`` calls ``stage.open()``; a callable is called
-    instead (an executor that keeps one stage open for many shards opens it on the first only). ``report(rows, tokens)``, when given, is called with the
+    instead (an executor that keeps one stage open for many shards opens it on the first only). A stage
+    opened here (``True``) is closed again if the shard fails, before the lock is released (the caller
+    closes it after a shard that returned). ``report(rows, tokens)``, when given, is called with the
     shard's rows done so far (committed chunks included) and the tokens of this run, once the committed
     chunks are counted and after each commit (a distributed executor's progress view).
 
     Raises:
         ConfigError: another run holds the lock on OUT or a side output.
         InputError: bad input found while a chunk is read (a parts folder with nothing committed is removed).
-        StepkitError: the shard's error rate exceeds ``max_error_rate`` (committed parts are kept), or its
-            parts keep disappearing.
+        StepkitError: the shard's error rate exceeds ``max_error_rate`` (committed parts are kept), its
+            parts keep disappearing, or a part or OUT cannot be written (a full disk; one line naming the file).
+        Interrupted: Ctrl-C or SIGTERM; the stage is closed (its engine's processes shut down) when it was
+            opened here, the lock is released and committed chunks are kept (a rerun redoes at most the
+            chunk that was in flight).
     """
     with contextlib.ExitStack() as locks:  # OUT and every side output: two runs never share a file
         for path in sorted({plan.output, *plan.side_outputs.values()}):
             locks.enter_context(_OutputLock(path))
-        if callable(open_stage):
-            open_stage()
-        elif open_stage:
-            stage.open()
         try:
-            return _run_shard(stage, plan, opts, console, report or (lambda rows, tokens: None))
-        except InputError:  # bad input found mid-run (damaged pages of a column planning does not read)
-            parts = _parts_dir(plan.output)
-            if not any(parts.glob("part-*.parquet")):  # nothing committed: leave no parts folder behind
-                shutil.rmtree(parts, ignore_errors=True)
+            if callable(open_stage):
+                open_stage()
+            elif open_stage:
+                stage.open()
+            return _explained_run_shard(stage, plan, opts, console, report or (lambda rows, tokens: None))
+        except BaseException:  # the executor closes only a stage whose first shard returned: the one opened here
+            if open_stage is True:  # is closed here, with the lock still held (the engine's processes go first);
+                stage.close()       # an executor's own opener (a callable) keeps the stage for its next shards
+            raise
+
+
+def _explained_run_shard(stage: Stage, plan: ShardPlan, opts: RunOptions, console, report) -> ShardResult:
+    """:func:`_run_shard`; bad input found mid-run leaves no empty parts folder, and Ctrl-C/SIGTERM become
+    :class:`Interrupted` with the line saying what was kept."""
+    parts = _parts_dir(plan.output)
+    try:
+        return _run_shard(stage, plan, opts, console, report)
+    except InputError:  # bad input found mid-run (damaged pages of a column planning does not read)
+        if not any(parts.glob("part-*.parquet")):  # nothing committed: leave no parts folder behind
+            shutil.rmtree(parts, ignore_errors=True)
+        raise
+    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM through the CLI: the chunk in flight is lost
+        signum = getattr(e, "signum", signal.SIGINT)
+        kept = len(list(parts.glob("part-*.parquet")))
+        with contextlib.suppress(StepkitError):
+            _log(parts, event="interrupted", signal=signal.Signals(signum).name, committed=kept)
+        raise Interrupted(signum, f"{plan.output}: stopped by {signal.Signals(signum).name}; {kept} committed "
+                                  f"chunk(s) kept in {parts}: run the same command again to resume") from None
+
+
+def _commit_chunk(parts: Path, i: int, main: pa.Table, tables: dict[str, pa.Table], meta: dict[str, Any]) -> None:
+    """Commit chunk ``i``: side tables first, then the counters file with every file's sha256, then the
+    rows part, renamed into place last (its existence is what marks the chunk committed).
+
+    Raises:
+        StepkitError: a file cannot be written (a full disk); one line naming it. Earlier chunks are intact.
+    """
+    sums = {}
+    for name, table in tables.items():
+        path = _part(parts, i, name)
+        with _writing(path, parts):
+            write_table(path, table)
+        sums[name] = file_sha256(path)
+    final = _part(parts, i)
+    staged = parts / f".{final.name}.staged-{os.getpid()}"
+    with _writing(final, parts):
+        try:
+            write_table(staged, main)
+            sums["part"] = file_sha256(staged)
+            write_json(_part(parts, i, suffix="json"), {**meta, "sha256": sums})
+            os.replace(staged, final)
+        except BaseException:
+            staged.unlink(missing_ok=True)
             raise
 
 
@@ -944,7 +1064,7 @@ def _run_shard(stage: Stage, plan: ShardPlan, opts: RunOptions, console, report)
     side_tables = _load_side_tables(stage, plan)
     bounds = plan.chunks  # decided by plan_run (whole group_by runs per chunk)
     n_chunks = len(bounds)
-    committed = {i for i in range(n_chunks) if _committed(parts, i, side_schemas)}
+    committed = _intact_chunks(parts, n_chunks, side_schemas, _warn)  # damaged parts are redone, never reused
     resumed = set(committed)  # committed by an earlier run and not redone in this one
     result = ShardResult(shard, out, "done", chunks=n_chunks, resumed_chunks=len(committed))
     _log(parts, event="start", committed=sorted(committed), chunks=n_chunks)
@@ -978,11 +1098,8 @@ def _run_shard(stage: Stage, plan: ShardPlan, opts: RunOptions, console, report)
             main = _stage_table(stage, out_rows, out_schema, "its output")
             # Side tables and counters first, rows last: the main part's .parquet marks the chunk committed.
             _ensure_parts(parts, ident)  # (deleted meanwhile? then run.json comes back with the part)
-            for name, table in tables.items():
-                write_table(_part(parts, i, name), table)
-            write_json(_part(parts, i, suffix="json"), {"rows": len(out_rows), "counters": counters,
-                                                        "error_reasons": own_reasons})
-            write_table(_part(parts, i), main)
+            _commit_chunk(parts, i, main, tables, {"rows": len(out_rows), "counters": counters,
+                                                   "error_reasons": own_reasons})
             _log(parts, event="chunk_commit", chunk=i, rows=len(out_rows))
             bar.advance(len(rows), stage.tokens_generated() - tokens0)
             done_rows += len(rows)
@@ -1033,13 +1150,15 @@ def _run_shard(stage: Stage, plan: ShardPlan, opts: RunOptions, console, report)
             path = plan.side_outputs[name]
             side_manifest = {**manifest, "side_output": name, "side_output_of": str(out),
                              "output": {"path": str(path), "rows": side_table.num_rows}}
-            write_json(manifest_path(path), side_manifest)
-            write_table(path, side_table, metadata=side_manifest)
+            with _writing(path, parts):
+                write_json(manifest_path(path), side_manifest)
+                write_table(path, side_table, metadata=side_manifest)
             manifest["side_outputs"][name] = {"path": str(path), "rows": side_table.num_rows}
     # The manifest beside OUT first, OUT last: OUT appearing (atomically) is what marks the shard finished,
     # and a kill between the two leaves the parts to finish from.
-    write_json(manifest_path(out), manifest)
-    write_table(out, table, metadata=manifest)
+    with _writing(out, parts):
+        write_json(manifest_path(out), manifest)
+        write_table(out, table, metadata=manifest)
     shutil.rmtree(parts, ignore_errors=True)
     return result
 

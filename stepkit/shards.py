@@ -178,6 +178,10 @@ def write_table(path: Path, table: pa.Table, metadata: dict[str, Any] | None = N
     """Write ``table`` to ``path`` atomically, row groups capped at ``row_group_bytes``.
 
     ``metadata`` is stored as JSON under the key ``stepkit`` of the file's key-value metadata.
+
+    Raises:
+        OSError: the file cannot be written (a full disk: ``ENOSPC``); the temporary file is removed and
+            ``path`` is left as it was.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -185,10 +189,14 @@ def write_table(path: Path, table: pa.Table, metadata: dict[str, Any] | None = N
     if metadata is not None:
         schema = schema.with_metadata({**(schema.metadata or {}), b"stepkit": json.dumps(metadata).encode()})
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with pq.ParquetWriter(tmp, schema) as w:
-        for piece in _row_groups(table.replace_schema_metadata(schema.metadata), row_group_bytes):
-            w.write_table(piece)
-    os.replace(tmp, path)
+    try:
+        with pq.ParquetWriter(tmp, schema) as w:
+            for piece in _row_groups(table.replace_schema_metadata(schema.metadata), row_group_bytes):
+                w.write_table(piece)
+        os.replace(tmp, path)
+    except BaseException:  # a full disk or a signal mid-write: leave no half-written temp file behind
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def rows_to_table(rows: list[dict[str, Any]], schema: pa.Schema, path: Path | str = "<rows>") -> pa.Table:
@@ -211,12 +219,20 @@ def rows_to_table(rows: list[dict[str, Any]], schema: pa.Schema, path: Path | st
 
 
 def write_json(path: Path, doc: dict[str, Any]) -> None:
-    """Write JSON atomically (temp file + rename)."""
+    """Write JSON atomically (temp file + rename).
+
+    Raises:
+        OSError: the file cannot be written; the temporary file is removed and ``path`` is left as it was.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def write_shard(path: Path, rows: list[dict[str, Any]], schema: pa.Schema, manifest: dict[str, Any],

@@ -273,6 +273,10 @@ class FakeServer:
         delay: seconds to sleep before answering a completions request.
         score_reply: ``score_reply(body) -> dict``: the JSON answer to a scoring request (``echo: true``);
             default: one choice whose ``logprobs.token_logprobs`` is ``None`` then ``-0.25`` per prompt token.
+        mangle: ``mangle(hit, body, reply) -> dict | bytes | None``: fault injection on a (successful)
+            completions answer: ``hit`` counts completions requests from 1, ``reply`` is the answer about to
+            be sent (a dict, choices in order); return another dict to send instead, raw bytes (sent as
+            ``application/json``, e.g. malformed JSON), or None to send ``reply``.
 
     Attributes:
         hits: path -> number of requests received. ``bodies``: the JSON bodies of completions requests.
@@ -281,8 +285,10 @@ class FakeServer:
     def __init__(self, models: tuple[str, ...] = ("smollm2-135m",), fail_times: int = 0, fail_status: int = 503,
                  retry_after: str | None = "0.01", reject: Callable[[str], bool] | None = None,
                  max_choices: int | None = None, delay: float = 0.0,
-                 score_reply: Callable[[dict], dict] | None = None):
+                 score_reply: Callable[[dict], dict] | None = None,
+                 mangle: Callable[[int, dict, dict], dict | bytes | None] | None = None):
         self.models = tuple(models)
+        self.mangle = mangle
         self.score_reply = score_reply
         self.fail_times = fail_times
         self.fail_status = fail_status
@@ -307,8 +313,8 @@ class FakeServer:
             def log_message(self, *args):  # quiet
                 pass
 
-            def _send(self, status: int, body: dict, headers: dict[str, str] | None = None):
-                data = json.dumps(body).encode()
+            def _send(self, status: int, body: dict | bytes, headers: dict[str, str] | None = None):
+                data = body if isinstance(body, bytes) else json.dumps(body).encode()
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
@@ -360,7 +366,11 @@ class FakeServer:
                 choices = [{"index": i, "text": f"<{prompt[-12:]}|{i}>", "finish_reason": reason} for i in range(k)]
                 usage = {"prompt_tokens": 7, "completion_tokens": 3 * k + (1 if k > 1 else 0),
                          "total_tokens": 7 + 3 * k}
-                self._send(200, {"object": "text_completion", "choices": choices, "usage": usage})
+                reply = {"object": "text_completion", "choices": choices, "usage": usage}
+                if fake.mangle is not None:
+                    mangled = fake.mangle(hit, body, reply)
+                    reply = reply if mangled is None else mangled
+                self._send(200, reply)
 
         self._httpd = _QuietHTTPServer((HOST, 0), Handler)
         self._httpd.daemon_threads = True

@@ -4,13 +4,19 @@
 ``--help`` is shown), so ``stepkit --help`` imports no pyarrow, torch or vLLM (click's lazy group,
 vLLM's ``entrypoints/cli/``). A command module defines ``command`` (a click command or group) and,
 for a stage that writes columns, ``VIEW`` (a :class:`stepkit.views.StageView` for ``stats``/``show``).
-Every :class:`stepkit.errors.StepkitError` becomes one ``error: ...`` line on stderr and exit status 1.
+Every :class:`stepkit.errors.StepkitError` becomes one ``error: ...`` line on stderr and exit status 1;
+SIGTERM and Ctrl-C unwind the command (lock released, engine processes shut down) and end with one
+``error: ... stopped by SIGTERM ...`` line and exit status 128 + the signal's number. ``--verbose`` shows the
+engine's own logs.
 """
 
 from __future__ import annotations
 
 import importlib
+import os
+import signal
 import sys
+import threading
 
 import click
 
@@ -63,18 +69,60 @@ class _LazyGroup(click.Group):
             formatter.write_dl([(name, summary) for name, (_, summary) in COMMANDS.items()])
 
     def invoke(self, ctx):
-        from stepkit.errors import StepkitError
+        from stepkit.errors import Interrupted, StepkitError
 
+        if ctx.params.get("verbose"):  # before the command's module loads (it imports the engine modules)
+            show_engine_logs()
+        previous = _stop_on_signals()
         try:
             return super().invoke(ctx)
         except StepkitError as e:
             click.echo(f"error: {e}", err=True)
             sys.exit(1)
+        except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM, after every cleanup (lock, engine processes) ran
+            signum = e.signum if isinstance(e, Interrupted) else signal.SIGINT
+            click.echo(f"error: {e if isinstance(e, Interrupted) else 'stopped by SIGINT'}", err=True)
+            sys.exit(128 + signum)
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+
+
+def _stop_on_signals() -> dict:
+    """Make SIGTERM (and SIGINT) raise :class:`~stepkit.errors.Interrupted` in the main thread, so a
+    stopped command unwinds like Ctrl-C: the output lock is released, the engine's and the answer
+    checker's processes are shut down, temporary files are removed. A second signal during that cleanup
+    acts at once (the default action). Returns the handlers it replaced."""
+    from stepkit.errors import Interrupted
+
+    def stop(signum, frame):
+        for s in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(s, signal.SIG_DFL)
+        raise Interrupted(signum)
+
+    previous = {}
+    if threading.current_thread() is threading.main_thread():  # (signal handlers live in the main thread)
+        for s in (signal.SIGINT, signal.SIGTERM):
+            previous[s] = signal.signal(s, stop)
+    return previous
+
+
+def show_engine_logs() -> None:
+    """``--verbose``: let the engine log as it does by itself. Sets ``VLLM_LOGGING_LEVEL=INFO`` (before vLLM
+    is imported; the engine processes it spawns inherit it, and :mod:`stepkit.engines.vllm_engine` then
+    quiets neither torch's notes nor its deprecation warnings) and undoes the quieting of vLLM's Triton
+    notice that importing :mod:`stepkit` applied."""
+    import logging
+
+    os.environ["VLLM_LOGGING_LEVEL"] = "INFO"
+    logging.getLogger("vllm.triton_utils.importing").setLevel(logging.NOTSET)
 
 
 @click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(__version__, prog_name="stepkit")
-def main():
+@click.option("--verbose", "-v", is_flag=True, help="Show the engine's own logs (vLLM at INFO, torch's notes and "
+              "warnings); by default a command shows stepkit's progress, summary and errors only.")
+def main(verbose: bool = False):  # (--verbose acts in _LazyGroup.invoke, before the command's module loads)
     """Build step-labeled datasets for process reward models (PRMs).
 
     Stages read and write Parquet shards: ingest -> rollout -> mc-label / mcts-label / judge -> filter ->

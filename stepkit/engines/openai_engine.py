@@ -43,8 +43,13 @@ Failures:
 * a request the server rejects for a request-specific reason (HTTP 400/413/422, e.g. a prompt longer
   than the context) -> ``Completion.failed("HTTP 400: <message>")`` for each of that request's
   samples; the other requests of the call are unaffected.
-* the server unreachable, timing out, or answering 429/5xx after all retries, or refusing the whole
-  job (HTTP 401/403/404) -> :class:`EngineUnavailable`. Nothing of the call is returned, so the runner
+* an answer that is not a completion (malformed JSON, no ``choices`` list, choice indices that are not
+  distinct and in ``[0, n)``) is retried like a 5xx; choices in any order are put in ``index`` order;
+  fewer choices than ``n`` (or none) are asked for again (:data:`MAX_TOP_UPS` follow-ups), then the missing
+  samples become error completions of that request alone. A choice is never attached to another request
+  or sample slot than the one it answers.
+* the server unreachable, timing out, or answering 429/5xx (or non-completions) after all retries, or
+  refusing the whole job (HTTP 401/403/404) -> :class:`EngineUnavailable`. Nothing of the call is returned, so the runner
   stops without committing the chunk in flight and a rerun after restarting the server resumes there.
 """
 
@@ -163,6 +168,25 @@ async def _all_or_first_failure(coros) -> list:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _check_choices(data: dict, n: int) -> None:
+    """Refuse (``ValueError``) a completions answer to a request for ``n`` samples whose choices cannot be
+    matched to samples: a choice that is not an object, an ``index`` that is not an integer in
+    ``[0, n)`` or repeats, a ``text`` that is not a string. Fewer choices than ``n`` (or none) are fine:
+    the missing ones are asked for again. Choices in any order are put in ``index`` order."""
+    seen = set()
+    for c in data["choices"]:
+        if not isinstance(c, dict):
+            raise ValueError(f"a choice is a {type(c).__name__}, not an object")
+        index = c.get("index")
+        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < n:
+            raise ValueError(f"choice index {index!r} is not one of 0..{n - 1}")
+        if index in seen:
+            raise ValueError(f"choice index {index} appears twice")
+        seen.add(index)
+        if c.get("text") is not None and not isinstance(c["text"], str):
+            raise ValueError(f"choice {index} has a text that is not a string")
 
 
 def _split_evenly(total: int, parts: int) -> list[int]:
@@ -677,21 +701,49 @@ class OpenAIEngine(Engine):
             kwargs["seed"] = seed
         if extra_body:
             kwargs["extra_body"] = extra_body
-        return await self._post(kwargs)
+        return await self._post(kwargs, lambda data: _check_choices(data, n))
 
-    async def _post(self, kwargs: dict[str, Any]):
+    async def _post(self, kwargs: dict[str, Any], check=None):
         """POST one completions request: its JSON body, or an error Completion for a request the server
         rejects for its own content (HTTP 400/413/422).
 
+        An answer that is not a completion (malformed JSON, no ``choices`` list, or one ``check(data)``
+        refuses with ``ValueError``: choice indices that are not distinct and in range) is never used: the
+        request is sent again, up to ``max_retries`` times with the same backoff as for HTTP 5xx.
+
         Raises:
-            EngineUnavailable: the server fails after retries, refuses the job, or answers something that is
-                not a completion (malformed JSON, no ``choices`` list).
+            EngineUnavailable: the server fails after retries, refuses the job, or keeps answering
+                something that is not a completion.
         """
+        for attempt in range(self.max_retries + 1):
+            raw = await self._post_once(kwargs)
+            if isinstance(raw, Completion):
+                return raw
+            try:
+                data = raw.http_response.json()
+                if not isinstance(data, dict) or not isinstance(data.get("choices"), list):
+                    raise ValueError("no choices list")
+                if check is not None:
+                    check(data)
+                return data
+            except (ValueError, AttributeError, TypeError) as exc:
+                why = _one_line(exc, 100)
+            if attempt == self.max_retries:
+                raise EngineUnavailable(f"the server at {self.base_url} answered a completions request with "
+                                        f"something that is not a completion ({why}) after {self.max_retries} "
+                                        f"retries; {RESUME_HINT}")
+            self.stats.extra["retries"] += 1
+            await asyncio.sleep(min(0.5 * 2 ** attempt, 8.0) * (1 - 0.25 * random.random()))
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _post_once(self, kwargs: dict[str, Any]):
+        """One completions request through the SDK (which retries transport errors and 429/5xx): its raw
+        response, or an error Completion for a request rejected for its own content."""
         import openai
 
         client = self._async_client()
         try:
-            raw = await client.completions.with_raw_response.create(**kwargs)
+            return await client.completions.with_raw_response.create(**kwargs)
         except openai.APIStatusError as exc:
             status, message = exc.status_code, _server_message(exc.response)
             if status in REQUEST_ERROR_STATUSES:
@@ -707,14 +759,6 @@ class OpenAIEngine(Engine):
         except openai.APIConnectionError as exc:
             raise EngineUnavailable(f"the server at {self.base_url} is unreachable ({_reason(exc)}) after "
                                     f"{self.max_retries} retries; {RESUME_HINT}") from None
-        try:
-            data = raw.http_response.json()
-            if not isinstance(data.get("choices"), list):
-                raise ValueError("no choices")
-        except (ValueError, AttributeError) as exc:
-            raise EngineUnavailable(f"the server at {self.base_url} answered a completions request with "
-                                    f"something that is not a completion ({_one_line(exc, 100)})") from None
-        return data
 
     # -- scoring (prompt log-probabilities, no sampling) ---------------------------------------------
 
@@ -801,8 +845,8 @@ class OpenAIEngine(Engine):
         return out
 
     def _parse_choices(self, data: dict, need: int) -> list[Completion]:
-        choices = sorted((c for c in data["choices"] if isinstance(c, dict)), key=lambda c: c.get("index", 0))
-        choices = choices[:need]
+        """The completions of one answer (checked by :func:`_check_choices`), in ``index`` order."""
+        choices = sorted(data["choices"], key=lambda c: c["index"])[:need]
         usage = data.get("usage") or {}
         self.stats.extra["prompt_tokens"] += int(usage.get("prompt_tokens") or 0)
         if not choices:

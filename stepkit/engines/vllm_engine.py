@@ -13,8 +13,8 @@ Environment (set with ``os.environ.setdefault`` when this module is imported, so
 * ``VLLM_LOGGING_STREAM=ext://sys.stderr``: vLLM logs to *stdout* by default, which would mix with a
   command's output.
 * ``HF_HUB_OFFLINE=1``: models are local folders; nothing may reach for the network.
-* ``TORCH_CPP_LOG_LEVEL=ERROR`` and ``PYTHONWARNINGS=ignore::FutureWarning`` (unless
-  ``VLLM_LOGGING_LEVEL`` is INFO or DEBUG): the spawned engine processes otherwise print torch's NUMA
+* ``TORCH_CPP_LOG_LEVEL=ERROR`` and ``PYTHONWARNINGS=ignore::FutureWarning,ignore:resource_tracker:UserWarning`` (unless
+  ``VLLM_LOGGING_LEVEL`` is INFO or DEBUG, as ``stepkit --verbose`` sets it): the spawned engine processes otherwise print torch's NUMA
   binding note and deprecation warnings; with ``stepkit/__init__.py`` quieting vLLM's "Triton has no CPU
   backend" notice (each spawned process imports stepkit first), a CPU run prints only stepkit's lines.
 
@@ -67,9 +67,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # binding note and its deprecation FutureWarnings at import say nothing a user can act on.
 if os.environ["VLLM_LOGGING_LEVEL"].upper() not in ("INFO", "DEBUG"):  # VLLM_LOGGING_LEVEL=INFO shows them all
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
-    os.environ.setdefault("PYTHONWARNINGS", "ignore::FutureWarning")
-# vLLM's Triton shim touches a deprecated torch attribute at import; nothing a user can act on.
-warnings.filterwarnings("ignore", message=r".*torch\.distributed\.reduce_op.*", category=FutureWarning)
+    # (and multiprocessing's resource tracker, which unlinks the shared memory of an engine process that
+    # vLLM's shutdown had to kill, warns that it does so: "leaked shared_memory objects to clean up")
+    os.environ.setdefault("PYTHONWARNINGS", "ignore::FutureWarning,ignore:resource_tracker:UserWarning")
+    # vLLM's Triton shim touches a deprecated torch attribute at import; nothing a user can act on.
+    warnings.filterwarnings("ignore", message=r".*torch\.distributed\.reduce_op.*", category=FutureWarning)
 
 from stepkit.engines.base import Completion, Engine, Request, SamplingConfig, actual_token_logprobs  # noqa: E402
 from stepkit.errors import ConfigError, StepkitError  # noqa: E402

@@ -427,7 +427,12 @@ def _verify_answer(gold: str, pred: str | None, float_rounding: int, numeric_pre
 
 def _exit_with_parent(parent_pid: int) -> None:
     """Worker initializer: exit when the parent process is gone (e.g. killed with SIGKILL alone, which
-    leaves no chance to shut the pool down), instead of lingering as an orphan."""
+    leaves no chance to shut the pool down), instead of lingering as an orphan. Ctrl-C is ignored: a
+    terminal sends SIGINT to the whole process group, and the parent shuts the pool down itself (a worker
+    dying on it would print a traceback)."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
     def watch():
         while True:
@@ -448,14 +453,17 @@ class AnswerChecker:
 
     Each check gets ``timeout`` seconds of wall-clock time; a check that exceeds it counts as False, is
     counted in ``timeouts``, and the pool is killed and rebuilt (other in-flight checks are re-run).
-    Results are memoized per (gold, pred) pair, including timeouts. Workers start on first use.
+    A check whose worker dies (killed from outside, out of memory) is run again once on a fresh pool; a
+    pair that kills its worker a second time counts as False too and is counted in ``crashes``. Either way
+    the pair is *ungradable* (:meth:`ungradable`): stages that grade an outcome leave it ungraded, and the
+    run goes on. Results are memoized per (gold, pred) pair, including timeouts. Workers start on first use.
     At most ``workers`` checks are in flight, so each one's clock starts when a worker is free.
 
     Validate gold answers before generating with ``gold_problems``; ``check_many`` raises on a bad gold.
 
     Raises (from ``check``/``check_many``):
         ConfigError: a gold answer is unusable (see ``gold_problem``).
-        StepkitError: the pool cannot start, or a pair crashes its worker twice.
+        StepkitError: the pool cannot start.
     """
 
     def __init__(
@@ -470,6 +478,8 @@ class AnswerChecker:
         self.timeout, self.workers = timeout, workers
         self.float_rounding, self.numeric_precision = float_rounding, numeric_precision
         self.timeouts = 0
+        self.crashes = 0
+        self._ungradable: set[tuple[str, str]] = set()
         self._cache: dict[tuple[str, str], bool] = {}
         self._gold_cache: dict[str, str | None] = {}
         self._pool: ProcessPoolExecutor | None = None
@@ -493,8 +503,18 @@ class AnswerChecker:
         with self._lock:
             todo = list(dict.fromkeys(k for k in keys if k[1] is not None and k not in self._cache))
             if todo:
-                self._run(todo, self._submit_pair, self._cache, timed_out=False, crashed=None)
+                self._run(todo, self._submit_pair, self._cache, timed_out=False, crashed=False,
+                          failed=self._ungradable)
             return [pred is not None and self._cache[(gold, pred)] for gold, pred in keys]
+
+    def ungradable(self, gold: str, pred: str | None) -> bool:
+        """True when the check of this pair (already made by ``check_many``) timed out or crashed its
+        worker twice: its False says nothing about the answer."""
+        return (gold, pred) in self._ungradable
+
+    def grade_many(self, pairs: list[tuple[str, str | None]]) -> list[bool | None]:
+        """``check_many``, with None for an ungradable pair (timed out, or crashed its worker twice)."""
+        return [None if self.ungradable(*k) else ok for k, ok in zip(pairs, self.check_many(pairs))]
 
     def gold_problems(self, golds: list[str]) -> dict[str, str | None]:
         """Validate gold answers before generating: gold -> one-line reason it is unusable, or None.
@@ -525,12 +545,13 @@ class AnswerChecker:
     def _submit_gold(self, pool: ProcessPoolExecutor, gold: str) -> Future:
         return pool.submit(gold_problem, gold)
 
-    def _run(self, keys: list, submit, cache: dict, timed_out, crashed) -> None:
+    def _run(self, keys: list, submit, cache: dict, timed_out, crashed, failed: set | None = None) -> None:
         """Run ``submit(pool, key)`` for each key, storing results in ``cache``.
 
         A key running past ``timeout`` gets ``timed_out`` (counted in ``timeouts``; the pool is rebuilt).
-        A key whose worker dies is retried once; dying twice gives ``crashed``, or raises StepkitError
-        when ``crashed`` is None. Other exceptions from a worker propagate.
+        A key whose worker dies is retried once, alone on the pool; dying twice gives ``crashed`` (counted in ``crashes``), or
+        raises StepkitError when ``crashed`` is None. Keys that timed out or crashed go into ``failed``.
+        Other exceptions from a worker propagate.
         """
         queue = deque(keys)
         running: dict[Future, tuple[object, float]] = {}
@@ -538,9 +559,15 @@ class AnswerChecker:
         try:
             while queue or running:
                 pool = self._get_pool()
-                while queue and len(running) < self.workers:
+                # A key whose worker died runs again alone: a pool breaks as a whole, so a key that kills
+                # its worker must not take the other keys in flight down with it a second time.
+                alone = any(k in died for k, _ in running.values())
+                while queue and len(running) < self.workers and not alone:
+                    if queue[0] in died and running:
+                        break
                     key = queue.popleft()
                     running[submit(pool, key)] = (key, time.monotonic() + self.timeout)
+                    alone = key in died
                 first_deadline = min(deadline for _, deadline in running.values())
                 wait(running, timeout=max(0.0, first_deadline - time.monotonic()), return_when=FIRST_COMPLETED)
                 now, stuck = time.monotonic(), False
@@ -554,6 +581,9 @@ class AnswerChecker:
                                 if crashed is None:
                                     raise StepkitError(f"answer check crashed its worker twice: {quote(key)}") from None
                                 cache[key] = crashed
+                                self.crashes += 1
+                                if failed is not None:
+                                    failed.add(key)
                             else:
                                 died.add(key)
                                 queue.appendleft(key)
@@ -562,6 +592,8 @@ class AnswerChecker:
                         del running[fut]
                         cache[key] = timed_out
                         self.timeouts += 1
+                        if failed is not None:
+                            failed.add(key)
                         stuck = True
                 if stuck:  # re-run unfinished checks on a fresh pool
                     queue.extendleft(key for key, _ in running.values())
@@ -596,7 +628,12 @@ class AnswerChecker:
             proc.kill()
         for proc in procs:
             proc.join(5)
+        manager = getattr(pool, "_executor_manager_thread", None)  # (shutdown forgets it)
         pool.shutdown(wait=False, cancel_futures=True)
+        # Let the pool's manager thread see its dead workers and finish: one still closing its wake-up pipe
+        # when the interpreter exits (a Ctrl-C mid-check) makes concurrent.futures print an OSError traceback.
+        if manager is not None:
+            manager.join(5)
 
     def close(self) -> None:
         """Stop the worker processes (a later check starts new ones)."""

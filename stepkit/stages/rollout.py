@@ -5,7 +5,9 @@ trajectory row per sample (``docs/architecture.md``, "Records"), id ``<problem_i
 ``rollout_finish_reason`` (``stop``/``length``/``error``), ``rollout_prompt_tokens`` and
 ``rollout_completion_tokens``. A sample cut off by ``max_tokens`` is kept and marked
 (``rollout_finish_reason = "length"``, ``outcome_correct`` null): it is not graded as wrong, and
-``mc-label`` passes it through as ``ungraded``. A sample with no step at all keeps an ``error``.
+``mc-label`` passes it through as ``ungraded``. So is a sample whose answer check timed out or crashed
+the checker's worker (a pathological expression: counted as ``ungradable``). A sample with no step at all
+keeps an ``error``.
 
 The prompt is a :class:`RolloutPrompt`: optional system message, few-shot exemplars (real solved
 problems, as earlier user/assistant turns) and the user message with an answer-format instruction; by
@@ -229,7 +231,7 @@ class RolloutStage(EngineStage):
         count = getattr(self.engine, "count_tokens", None)
         bad = self.checker.gold_problems([r["reference_answer"] for r in rows if r.get("reference_answer")])
         out, pairs, graded = [], [], []
-        counters = {"samples": 0, "truncated": 0, "no_final_answer": 0, "correct": 0}
+        counters = {"samples": 0, "truncated": 0, "no_final_answer": 0, "correct": 0, "ungradable": 0}
         for r, prompt, comps in zip(rows, prompts, results):
             n_prompt = count(prompt) if count else None
             for j, c in enumerate(comps):
@@ -260,7 +262,10 @@ class RolloutStage(EngineStage):
                     pairs.append((row["reference_answer"], row["final_answer"]))
                     graded.append(row)
                 out.append(row)
-        for row, ok in zip(graded, self.checker.check_many(pairs)):
+        for row, ok in zip(graded, self.checker.grade_many(pairs)):
+            if ok is None:  # the check timed out or crashed its worker: ungraded, not wrong
+                counters["ungradable"] += 1
+                continue
             row["outcome_correct"] = bool(ok)
             counters["correct"] += bool(ok)
         return out, counters
