@@ -193,7 +193,8 @@ def test_rows_not_from_ingest_messages_and_bad_conversations_are_one_line(labell
     entry = json.loads(named[0][2])  # turn 2 of row 0 and its tool result, message 7
     entry[1]["name"] = 5
     named[0][2] = json.dumps(entry)
-    bad_cases.append((named, r"row 0, column 'step_messages': message 7: name is a int, not a string"))
+    bad_cases.append((named, r"row 0, column 'step_messages': not a valid conversation: message 7: name is a int, not a "
+                              r"string"))
     short = [list(s) for s in steps]
     short[4].pop()
     bad_cases.append((short, r"row 4, column 'step_messages': 11 entries for 12 steps"))
