@@ -18,7 +18,8 @@ from click.testing import CliRunner
 
 from stepkit.engines.base import EngineSpec, SamplingConfig, make_engine
 from stepkit.errors import ConfigError, InputError, RowError, StepkitError
-from stepkit.runner import Stage, run_stage
+from stepkit.runner import run_stage
+from stepkit.stage import Stage
 from tests.conftest import DATA, ROOT, run_cli
 from tests.toy_stage import ToyConfig, ToyStage
 

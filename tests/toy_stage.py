@@ -21,8 +21,8 @@ import pyarrow as pa
 from stepkit.cli.common import run, runner_options
 from stepkit.errors import RowError
 from stepkit.options import Config, click_options, from_params, opt
-from stepkit.runner import SideInput, SideOutput, Stage
 from stepkit.schema import extend_schema
+from stepkit.stage import SideInput, SideOutput, Stage
 from stepkit.views import StageView
 
 TOY_FIELDS = [pa.field("toy_lengths", pa.list_(pa.int32())), pa.field("toy_note", pa.string())]

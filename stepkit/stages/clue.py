@@ -96,8 +96,8 @@ from stepkit.grading.clues import Clue, claim_holds, number_value, problem_numbe
 from stepkit.grading.verdicts import VerdictParseError, parse_first_error
 from stepkit.options import Config, opt
 from stepkit.prompts import PromptTemplate, clue_template, render_clue_recover, render_clue_verify
-from stepkit.runner import EngineStage, SideInput
 from stepkit.schema import CLUE_RECOVER_FIELDS, CLUE_SCORE_FIELDS, check_steps, check_values, extend_schema
+from stepkit.stage import EngineStage, SideInput
 
 # The problem columns a clue row keeps (whichever the input has).
 PROBLEM_COLUMNS = ("problem_id", "source", "prompt", "reference_answer", "reference_steps", "reference_solution",

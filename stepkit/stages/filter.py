@@ -67,8 +67,8 @@ import pyarrow as pa
 from stepkit.errors import ConfigError, InputError, StepkitError
 from stepkit.grading.verdicts import first_error_of
 from stepkit.options import Config, opt
-from stepkit.runner import SideOutput, Stage
 from stepkit.schema import FILTER_FIELDS, PER_STEP_COLUMNS, check_kept_steps, extend_schema
+from stepkit.stage import SideOutput, Stage
 
 RULE_SYNTAX = ("consensus:A,B | prof:COL | min-value:COL>=X | max-value:COL<=X | status:COL=V | "
                "status:COL!=V | dedupe | steps:MIN-MAX | no-error | truncate-after-first-error:COL | "

@@ -55,8 +55,8 @@ from stepkit.grading.verdicts import (
 )
 from stepkit.options import Config, opt
 from stepkit.prompts import JUDGE_MODES, PromptTemplate, judge_template, load_template, render_judge
-from stepkit.runner import LabelerStage
 from stepkit.schema import CONVERSATION_STEP_COLUMNS, JUDGE_FIELDS, extend_schema
+from stepkit.stage import LabelerStage
 
 _EMPTY = {f.name: None for f in JUDGE_FIELDS}
 SCORE_THRESHOLD = 5.0

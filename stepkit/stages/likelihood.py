@@ -57,8 +57,8 @@ from stepkit.grading.verdicts import labels_from_first_error
 from stepkit.metrics import processbench_f1
 from stepkit.options import Config, opt
 from stepkit.prompts import AnswerScaffold, load_answer_scaffold
-from stepkit.runner import LabelerStage
 from stepkit.schema import CONVERSATION_STEP_COLUMNS, LH_FIELDS, extend_schema
+from stepkit.stage import LabelerStage
 
 METHODS = ("answer-gain", "implicit-prm")
 TARGETS = ("answer", "gold-action")

@@ -48,8 +48,8 @@ from stepkit.grading.answers import extract_final_answer
 from stepkit.grading.verdicts import labels_from_first_error
 from stepkit.options import Config, opt
 from stepkit.prompts import CONTINUATION, PromptTemplate, render_continuation
-from stepkit.runner import LabelerStage
 from stepkit.schema import LABELER_REQUIRED, MC_FIELDS, extend_schema
+from stepkit.stage import LabelerStage
 
 MODES = ("exhaustive", "binary")
 

@@ -71,7 +71,6 @@ from stepkit.grading.answers import extract_final_answer
 from stepkit.grading.steps import check_split, split_steps
 from stepkit.options import Config, opt
 from stepkit.prompts import CONTINUATION, PromptTemplate, render_continuation
-from stepkit.runner import EngineStage, SideOutput
 from stepkit.schema import (
     MCTS_FIELDS,
     MCTS_NODE_FIELDS,
@@ -82,6 +81,7 @@ from stepkit.schema import (
     check_values,
     extend_schema,
 )
+from stepkit.stage import EngineStage, SideOutput
 from stepkit.stages.mc_label import FirstErrorSearch
 
 VALUES = ("own", "subtree")

@@ -27,9 +27,9 @@ from stepkit.errors import ConfigError, InputError, RowError, parse_failure
 from stepkit.grading.answers import extract_final_answer
 from stepkit.grading.steps import check_split, split_steps
 from stepkit.options import Config, check_field, field_names, opt
-from stepkit.runner import EngineStage
 from stepkit.schema import PROBLEM_FIELDS, ROLLOUT_FIELDS, TRAJECTORY_FIELDS, check_values
 from stepkit.shards import config_hash
+from stepkit.stage import EngineStage
 
 DEFAULT_INSTRUCTION = ("Solve the math problem step by step. Write one step per line, then a last line "
                        "'The answer is N.'")

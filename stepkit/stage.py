@@ -1,0 +1,201 @@
+"""The stage contract: what a stage is, apart from how the runner runs it.
+
+A stage (``docs/architecture.md``, "The stage contract") is pure logic over rows and an engine. It
+declares its config, the columns it reads, the columns it writes and their meaning, and ``process(rows)``;
+reading, chunking, resume, manifests and progress are the runner's (:mod:`stepkit.runner`). The model is
+datatrove's ``PipelineStep``: a small contract that any executor (local, Ray) can run.
+
+* :class:`Stage`: a stage with no model (``filter``).
+* :class:`EngineStage`: a stage that samples with an engine and may grade answers.
+* :class:`LabelerStage`: an engine stage that labels the steps of trajectory rows.
+* :class:`SideInput` / :class:`SideOutput`: other shards a stage joins, extra tables it writes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from stepkit.options import Config, identity
+from stepkit.schema import check_steps, check_values
+
+
+@dataclass(frozen=True)
+class SideOutput:
+    """An extra table a stage writes per shard (mcts-label's tree, filter's dropped rows).
+
+    Attributes:
+        path: where the user asked for it (a ``.parquet`` file, or a folder), mapped per shard as OUT is
+            (a folder IN writes ``path/<shard name>``).
+        schema: its explicit schema; None for the stage's output schema of the shard (filter's
+            dropped rows have the columns of the rows it keeps).
+    """
+
+    path: Path
+    schema: pa.Schema | None
+
+
+@dataclass(frozen=True)
+class SideInput:
+    """Another shard (file or folder) a stage reads beside IN, joined to IN's rows by a key column.
+
+    Every row of IN that has no upstream error must find its key here: a missing one is bad input,
+    reported before any model loads. The joined row is handed to the stage as ``row["_<name>"]``
+    (a dict of the side row's columns; underscore keys are never written as columns).
+
+    Attributes:
+        path: the side shard or folder of shards.
+        key: the key column in the side input (unique there).
+        on: the key column in IN's rows (default: ``key``).
+        columns: the side columns to read (default: all); each must exist in every side shard.
+        optional: more side columns, read when a side shard has them (absent: None in the joined row).
+        check: ``check(rows, path, first_row)`` raises :class:`InputError` for a bad side row (the stage's
+            own rules for what it joins, e.g. clue lists of one length), called as the side input is read.
+    """
+
+    path: Path
+    key: str = "id"
+    on: str | None = None
+    columns: tuple[str, ...] | None = None
+    check: Any = None
+    optional: tuple[str, ...] = ()
+
+
+class Stage:
+    """Base class for a stage: pure logic over rows and an engine; I/O lives in the runner.
+
+    A stage declares its options as a :class:`~stepkit.options.Config` dataclass kept in ``self.cfg``;
+    the default :meth:`config` is that config's identity, so an option is written once.
+    """
+
+    name = "stage"
+    required_columns: tuple[str, ...] = ()
+    default_chunk_size = 16
+    one_to_one = True  # False for stages that emit several rows per input row (rollout)
+    group_by: str | None = None  # a column whose runs of equal values are never split across chunks
+    optional_columns: tuple[str, ...] = ()  # also handed to validate() when the shard has them
+    cfg: Config | None = None
+
+    def config(self) -> dict[str, Any]:
+        """Everything that changes the output, computable without loading a model."""
+        return identity(self.cfg) if self.cfg is not None else {}
+
+    def output_schema(self, input_schema: pa.Schema) -> pa.Schema:
+        """The explicit schema of the output rows (input columns plus the stage's own). The runner adds
+        the ``error`` column when it is missing (:func:`stepkit.schema.with_error_column`), so a row error
+        is never dropped, whatever shard the input came from."""
+        return input_schema
+
+    def side_outputs(self) -> dict[str, SideOutput]:
+        """Extra tables this stage writes per shard, by name (rows come from :meth:`process`)."""
+        return {}
+
+    def side_inputs(self) -> dict[str, SideInput]:
+        """Other shards this stage joins to its input rows, by name."""
+        return {}
+
+    def check_schema(self, schema: pa.Schema, path: Path) -> None:
+        """Raise :class:`stepkit.errors.InputError` when the input is the wrong kind of shard."""
+
+    def validate(self, rows: list[dict], path: Path, first_row: int) -> None:
+        """Raise :class:`stepkit.errors.InputError` for bad input rows (before any generation).
+
+        ``rows`` hold the required columns, plus ``error`` when the shard has one (rows that already
+        failed upstream pass through unlabelled and need not be valid)."""
+
+    def planned(self) -> None:
+        """Called once every shard of the run was validated, before anything is written: raise
+        :class:`ConfigError` or :class:`InputError` for a fault only the whole input shows (``filter``'s
+        status rule naming a value no row has)."""
+
+    def open(self) -> None:
+        """Load models; called once, only if some chunk has work to do."""
+
+    def process(self, rows: list[dict]) -> tuple:
+        """Return ``(rows, counters)`` or ``(rows, counters, side_rows)``.
+
+        ``rows``: the output rows (for a one-to-one stage, same order and count); a row this stage
+        cannot label keeps ``error = RowError(self.name, "why")``. ``counters``: this chunk's ``{name: int}``.
+        ``side_rows``: ``{side output name: [row, ...]}`` for the tables of :meth:`side_outputs`.
+        """
+        raise NotImplementedError
+
+    def provenance(self) -> dict[str, Any]:
+        """Extra manifest fields known after loading (engine and library versions)."""
+        return {}
+
+    tokens_kind = "generated"
+    """What :meth:`tokens_generated` counts, as the summary table names it (``scored``: prompt tokens
+    prefilled by a stage that only scores text)."""
+
+    def tokens_generated(self) -> int:
+        """Tokens generated so far by this stage's engine (for the progress bar and summary)."""
+        return 0
+
+    def close(self) -> None:
+        """Release what :meth:`open` loaded."""
+
+
+class EngineStage(Stage):
+    """A stage that samples with an engine and (when ``grades_answers``) grades answers with the answer
+    checker, both built by :meth:`open`.
+
+    Args:
+        cfg: the stage's options.
+        engine: which engine (an :class:`~stepkit.engines.base.EngineSpec`; nothing loads until ``open``).
+        sampling: explicit sampling parameters.
+        checker_factory: builds the answer checker (default
+            :class:`stepkit.grading.verify.AnswerChecker`); tests pass one already running.
+    """
+
+    grades_answers = True
+    engine = None
+    checker = None
+
+    def __init__(self, cfg: Config, engine, sampling, checker_factory=None):
+        self.cfg, self.engine_spec, self.sampling = cfg, engine, sampling
+        self.checker_factory = checker_factory
+
+    def config(self) -> dict[str, Any]:
+        doc = {"engine": self.engine_spec.identity(), **super().config(), "sampling": self.sampling.to_dict()}
+        if self.grades_answers:
+            from stepkit.grading.verify import checker_settings
+
+            doc["grader"] = checker_settings()
+        return doc
+
+    def open(self) -> None:
+        self.engine = self.engine_spec.build()
+        if self.grades_answers:
+            from stepkit.grading.verify import AnswerChecker
+
+            self.checker = (self.checker_factory or AnswerChecker)()
+
+    def close(self) -> None:
+        for x in (self.checker, self.engine):
+            if x is not None:
+                x.close()
+
+    def provenance(self) -> dict[str, Any]:
+        return {"engine": self.engine.describe() if self.engine else None}
+
+    def tokens_generated(self) -> int:
+        return self.engine.stats.generated_tokens if self.engine else 0
+
+
+class LabelerStage(EngineStage):
+    """An engine stage that labels the steps of trajectory rows (mc-label, judge): each row needs a
+    unique non-empty ``id``, a ``prompt`` and non-empty ``steps``; rows that failed upstream are skipped."""
+
+    def validate(self, rows, path, first_row):
+        if first_row == 0:
+            self._seen_ids = set()
+        check_values(rows, path, first_row, ("id", "prompt"), unique="id", seen=self._seen_ids)
+        check_steps(rows, path, first_row)
+
+    def __getstate__(self):
+        """Pickled (sent to a Ray actor) without planning's set of the last shard's ids."""
+        return {k: v for k, v in self.__dict__.items() if k != "_seen_ids"}
