@@ -761,6 +761,17 @@ def _read_part(path: Path):
                            "command again (committed chunks are kept, missing ones redone)") from None
 
 
+def _blank_error_rows(stage: Stage, out_rows: list[dict]) -> None:
+    """Null the stage's own declared columns (:attr:`Stage.columns`, but :attr:`Stage.keep_on_error`) on
+    every row with an ``error``: a row the stage could not label, or one that failed upstream, carries
+    none of its labels, whatever the stage left in them."""
+    own = [c.name for c in stage.columns if c.name not in stage.keep_on_error]
+    for r in out_rows:
+        if r.get("error"):
+            for name in own:
+                r[name] = None
+
+
 def _attribute_errors(stage: Stage, before: list, out_rows: list[dict]) -> tuple[int, int, dict[str, int]]:
     """Count each :class:`RowError` as this stage's: ``(own errors, upstream errors, own errors by reason)``.
 
@@ -912,6 +923,7 @@ def _run_shard(stage: Stage, plan: ShardPlan, opts: RunOptions, console, report)
             unknown = set(side_rows) - set(side_schemas)
             if unknown:
                 raise StepkitError(f"{stage.name}: internal error, rows for undeclared side output(s) {sorted(unknown)}")
+            _blank_error_rows(stage, out_rows)
             own, upstream, own_reasons = _attribute_errors(stage, before, out_rows)
             counters = {**counters, "errors": own, "upstream_errors": upstream}
             tables = {name: _stage_table(stage, side_rows.get(name, []), schema, f"its {name} output")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
+from stepkit.columns import Column, fields, read_meanings
 from stepkit.errors import InputError
 
 PROBLEM_FIELDS = [
@@ -25,13 +26,16 @@ PROBLEM_FIELDS = [
     pa.field("reference_steps", pa.list_(pa.string())),
 ]
 
+STEPS = Column("steps", pa.list_(pa.string()), "the solution's steps, split once and kept as a list end to end",
+               per_step=True)
+
 TRAJECTORY_FIELDS = [
     pa.field("id", pa.string(), nullable=False),
     pa.field("problem_id", pa.string(), nullable=False),
     pa.field("source", pa.string()),
     pa.field("prompt", pa.string(), nullable=False),
     pa.field("reference_answer", pa.string()),
-    pa.field("steps", pa.list_(pa.string()), nullable=False),
+    STEPS.field(nullable=False),
     pa.field("step_separator", pa.string()),
     pa.field("final_answer", pa.string()),
     pa.field("outcome_correct", pa.bool_()),
@@ -39,172 +43,31 @@ TRAJECTORY_FIELDS = [
     pa.field("error", pa.string()),
 ]
 
-# Optional columns some ingesters add (kept by every later stage).
-REFERENCE_FIELDS = [
-    # ProcessBench's human label: 0-based index of the earliest wrong step, -1 if none.
-    pa.field("reference_first_error", pa.int32()),
-    # The source file's own correctness flag, kept beside stepkit's recomputed outcome.
-    pa.field("source_outcome_correct", pa.bool_()),
-    # Status of the reference label: "ok" or "inconsistent: <why>" (case first-error-step-missing-for-incorrect).
-    pa.field("reference_status", pa.string()),
-    # Human step labels from an imported dataset (hard labels; see ``ingest --neutral-as``).
-    pa.field("reference_labels", pa.list_(pa.bool_())),
-    REFERENCE_SOLUTION_FIELD := pa.field("reference_solution", pa.string()),
-]
-# ``reference_solution``: the gold solution as the source writes it, GSM8K's ``<<a=b>>`` calculator
-# annotations kept (``ingest gsm8k``, ``gsm8k-solutions``, ``processbench`` for rows matched to GSM8K test);
-# ``clue recover --from-reference`` reads its intermediate values from them.
-
-MESSAGE_FIELDS = [  # ingest messages (stepkit/conversations.py): a tool-calling conversation as a row
-    # per step: what came back after the turn (tool results, the next user message), rendered as text
-    pa.field("step_observations", pa.list_(pa.string())),
-    # the original messages, as JSON: before the first turn, and per step (the turn, then its observation)
-    pa.field("prompt_messages", pa.string()),
-    pa.field("step_messages", pa.list_(pa.string())),
-    # gold tool calls the task required, each canonical JSON {"arguments": ..., "name": ...} (sorted keys)
-    pa.field("reference_actions", pa.list_(pa.string())),
-    # the source file's own reward (outcome_correct is reward >= --success-threshold)
-    pa.field("source_reward", pa.float64()),
-]
-
-ROLLOUT_FIELDS = [
-    pa.field("rollout_finish_reason", pa.string()),
-    pa.field("rollout_prompt_tokens", pa.int32()),
-    pa.field("rollout_completion_tokens", pa.int32()),
-]
-
-MC_FIELDS = [
-    pa.field("mc_rollouts", pa.list_(pa.int32())),
-    pa.field("mc_successes", pa.list_(pa.int32())),
-    pa.field("mc_truncated", pa.list_(pa.int32())),
-    pa.field("mc_value", pa.list_(pa.float32())),
-    pa.field("mc_label", pa.list_(pa.bool_())),
-    pa.field("mc_estimated", pa.list_(pa.bool_())),
-    pa.field("mc_progress", pa.list_(pa.float32())),
-    pa.field("mc_value_start", pa.float32()),
-    pa.field("mc_first_error", pa.int32()),
-    pa.field("mc_status", pa.string()),
-]
-
-JUDGE_FIELDS = [
-    pa.field("judge_label", pa.list_(pa.bool_())),
-    pa.field("judge_first_error", pa.int32()),
-    pa.field("judge_votes", pa.list_(pa.int32())),
-    pa.field("judge_correct_votes", pa.list_(pa.int32())),
-    pa.field("judge_tie", pa.bool_()),
-    pa.field("judge_valid_votes", pa.int32()),
-    pa.field("judge_parse_failures", pa.int32()),
-    pa.field("judge_parse_error", pa.string()),
-    pa.field("judge_replies", pa.list_(pa.string())),
-    pa.field("judge_status", pa.string()),
-    # per step: the mean score of the valid votes (mode per-step-score, e.g. judge-agent-step: 0-10)
-    pa.field("judge_score", pa.list_(pa.float32())),
-]
-
-LH_FIELDS = [  # likelihood-label (stepkit/stages/likelihood.py)
-    pa.field("lh_value", pa.list_(pa.float32())),
-    pa.field("lh_value_start", pa.float32()),
-    pa.field("lh_gain", pa.list_(pa.float32())),
-    pa.field("lh_reward", pa.list_(pa.float32())),
-    pa.field("lh_q", pa.list_(pa.float32())),
-    pa.field("lh_first_error", pa.int32()),
-    pa.field("lh_label", pa.list_(pa.bool_())),
-    pa.field("lh_answer_tokens", pa.int32()),
-    pa.field("lh_scored_tokens", pa.int32()),
-    pa.field("lh_status", pa.string()),
-]
-
-LOG_SCALE_COLUMNS = frozenset(["lh_value", "lh_gain", "lh_reward", "lh_q"])
-"""Per-step float columns in nats (log-probabilities and their differences), not values in [0, 1]: a hard
-label from them needs the stage's first-error rule (``lh_label``), never ``value > 0``."""
-
-SCORE_SCALES = {"judge_score": 10.0, "clue_score": 2.0}
-"""Per-step score columns on a scale of their own, ``0 .. top``, not values in [0, 1]: ``judge_score`` (0-10,
-a step is correct above 5), ``clue_score`` (0-2 around a neutral 1.0; ``clue_label`` is not a threshold of
-it). ``value > 0`` would call nearly every step correct, and as soft labels they are no probabilities."""
-
-MCTS_FIELDS = [  # per step: the node whose prefix ends at that step (null: not a node)
-    pa.field("mcts_value", pa.list_(pa.float32())),
-    pa.field("mcts_rollouts", pa.list_(pa.int32())),
-    pa.field("mcts_successes", pa.list_(pa.int32())),
-    pa.field("mcts_visits", pa.list_(pa.int32())),
-    pa.field("mcts_label", pa.list_(pa.bool_())),
-    pa.field("mcts_node_id", pa.list_(pa.string())),
-    pa.field("mcts_first_error", pa.int32()),
-    pa.field("mcts_status", pa.string()),
-]
-
-MCTS_NODE_FIELDS = [  # mcts-label --tree-out: one row per node (state)
-    pa.field("problem_id", pa.string()),
-    pa.field("node_id", pa.string()),
-    pa.field("parent_id", pa.string()),
-    pa.field("depth", pa.int32()),  # steps in the node's prefix
-    pa.field("step", pa.string()),  # the prefix's last step (null at the root)
-    pa.field("edge_steps", pa.list_(pa.string())),  # the steps from the parent's prefix to this one
-    pa.field("visits", pa.int32()),
-    pa.field("rollouts", pa.int32()),
-    pa.field("successes", pa.int32()),
-    pa.field("truncated", pa.int32()),
-    pa.field("value_own", pa.float32()),
-    pa.field("value_subtree", pa.float32()),
-]
-
-MCTS_PAIR_FIELDS = [  # mcts-label --pairs-out: step preference pairs (two children of one node)
-    pa.field("problem_id", pa.string()),
-    pa.field("prompt", pa.string()),
-    pa.field("node_id", pa.string()),
-    pa.field("prefix_steps", pa.list_(pa.string())),
-    pa.field("chosen", pa.list_(pa.string())),
-    pa.field("rejected", pa.list_(pa.string())),
-    pa.field("chosen_node_id", pa.string()),
-    pa.field("rejected_node_id", pa.string()),
-    pa.field("chosen_value", pa.float32()),
-    pa.field("rejected_value", pa.float32()),
-    pa.field("chosen_rollouts", pa.int32()),
-    pa.field("chosen_successes", pa.int32()),
-    pa.field("rejected_rollouts", pa.int32()),
-    pa.field("rejected_successes", pa.int32()),
-]
-
-CLUE_RECOVER_FIELDS = [  # clue recover (stepkit/stages/clue.py)
-    pa.field("clue_texts", pa.list_(pa.string())),
-    pa.field("clue_values", pa.list_(pa.string())),
-    pa.field("clue_depends", pa.list_(pa.list_(pa.int32()))),
-    # per clue: "call" / "value" (clue recover --from-actions: stepkit/grading/actions.py); null: math clues
-    pa.field("clue_kinds", pa.list_(pa.string())),
-    pa.field("clue_status", pa.string()),
-    pa.field("clue_parse_failures", pa.int32()),
-    pa.field("clue_parse_error", pa.string()),
-    pa.field("clue_replies", pa.list_(pa.string())),
-]
-CLUE_SCORE_FIELDS = [  # clue score
-    pa.field("clue_hits", pa.list_(pa.list_(pa.int32()))),
-    pa.field("clue_false_claims", pa.list_(pa.int32())),
-    pa.field("clue_score", pa.list_(pa.float32())),
-    pa.field("clue_label", pa.list_(pa.bool_())),
-    pa.field("clue_coverage", pa.float32()),
-    pa.field("clue_first_error", pa.int32()),
-    pa.field("clue_verdicts", pa.list_(pa.int32())),
-    pa.field("clue_verdict_failures", pa.int32()),
-    pa.field("clue_status", pa.string()),
-]
-FILTER_FIELDS = [  # stepkit filter: why a row is (or would be) dropped, and what cutting did to its steps
-    pa.field("filter_reason", pa.string()),  # null: kept
-    pa.field("filter_rule", pa.string()),  # the rule, as written, that dropped the row
-    pa.field("filter_steps_before", pa.int32()),  # steps the row had before any filter cut them
-    pa.field("filter_kept_steps", pa.int32()),  # steps the cutting rules keep (with --flag-only: would keep)
-    pa.field("filter_cut_by", pa.string()),  # the rule that cut the steps (null: not cut)
-]
-
-# Per-step list columns: one entry per step, so cutting steps cuts them the same way (``stepkit filter``)
-# and their length must equal the step count. Lists that are not per step (``judge_votes``,
-# ``judge_replies``, ``reference_steps``) are not here. A new stage adds its per-step columns.
-PER_STEP_COLUMNS = frozenset(
-    ["steps", "reference_labels", "step_observations", "step_messages"]
-    + [f.name for f in MC_FIELDS + MCTS_FIELDS + LH_FIELDS if pa.types.is_list(f.type)]
-    + ["judge_label", "judge_correct_votes", "judge_score"]
-    + ["clue_hits", "clue_false_claims", "clue_score", "clue_label"]
+REFERENCE_COLUMNS = (  # optional columns some ingesters add (kept by every later stage)
+    Column("reference_first_error", pa.int32(), "the human label: 0-based index of the earliest wrong step, -1 if "
+           "none (ProcessBench)", role="first_error"),
+    Column("source_outcome_correct", pa.bool_(), "the source file's own correctness flag, beside stepkit's outcome"),
+    Column("reference_status", pa.string(), "status of the reference label: ok, or 'inconsistent: <why>'"),
+    Column("reference_labels", pa.list_(pa.bool_()), "human step labels from an imported dataset (ingest "
+           "--neutral-as)", per_step=True, role="label"),
+    Column("reference_solution", pa.string(), "the gold solution as the source writes it (GSM8K's <<a=b>> "
+           "annotations kept); clue recover --from-reference reads its intermediate values"),
 )
+REFERENCE_FIELDS = fields(REFERENCE_COLUMNS)
+REFERENCE_SOLUTION_FIELD = REFERENCE_FIELDS[-1]
+
+MESSAGE_COLUMNS = (  # ingest messages (stepkit/conversations.py): a tool-calling conversation as a row
+    Column("step_observations", pa.list_(pa.string()), "what came back after the turn (tool results, the next user "
+           "message), as text", per_step=True),
+    Column("prompt_messages", pa.string(), "the original messages before the first turn, as JSON"),
+    Column("step_messages", pa.list_(pa.string()), "the original messages of the turn and its observation, as JSON",
+           per_step=True),
+    Column("reference_actions", pa.list_(pa.string()), "gold tool calls the task required, each canonical JSON "
+           "{arguments, name} (sorted keys)"),
+    Column("source_reward", pa.float64(), "the source file's own reward (outcome_correct is reward >= "
+           "--success-threshold)"),
+)
+MESSAGE_FIELDS = fields(MESSAGE_COLUMNS)
 
 PROBLEM_SCHEMA = pa.schema(PROBLEM_FIELDS)
 TRAJECTORY_SCHEMA = pa.schema(TRAJECTORY_FIELDS)
@@ -240,10 +103,8 @@ def check_error_column(schema: pa.Schema, path) -> None:
         raise InputError(path, f"expected type string, found {schema.field('error').type}", column="error")
 
 
-STEPKIT_FIELDS = {f.name: f.type for f in TRAJECTORY_FIELDS + PROBLEM_FIELDS + REFERENCE_FIELDS + ROLLOUT_FIELDS
-                  + MC_FIELDS + JUDGE_FIELDS + LH_FIELDS + MCTS_FIELDS + CLUE_RECOVER_FIELDS + CLUE_SCORE_FIELDS
-                  + FILTER_FIELDS + MESSAGE_FIELDS}
-"""The type of every column a stepkit stage writes to a trajectory or problem shard (and reads back)."""
+CORE_FIELDS = {f.name: f.type for f in TRAJECTORY_FIELDS + PROBLEM_FIELDS}
+"""The types of the core columns of a trajectory or problem shard."""
 
 
 def _fits_type(got: pa.DataType, want: pa.DataType) -> bool:
@@ -266,22 +127,25 @@ def _fits_type(got: pa.DataType, want: pa.DataType) -> bool:
 
 
 def check_column_types(schema: pa.Schema, path, names=None) -> None:
-    """Raise :class:`InputError` for the first column of the shard (of ``names``, default all) that has a
-    stepkit column's name (:data:`STEPKIT_FIELDS`) and a type its values cannot be read as, or that is a
-    per-step column (:data:`PER_STEP_COLUMNS`) and not a list: a stage would otherwise misread it (the
-    characters of a string counted as steps) or fail on its values; or a column name given twice (a
-    shard written by another tool: which of the two a stage reads would be arbitrary)."""
+    """Raise :class:`InputError` for the first column of the shard (of ``names``, default all) whose type its
+    values cannot be read as: a core column (:data:`CORE_FIELDS`), a column whose declaration travels in its
+    field metadata or is a stepkit column of an older shard (:mod:`stepkit.columns`), checked against its
+    declared type; a per-step column that is no list. A stage would otherwise misread it (the characters of a
+    string counted as steps) or fail on its values. Also refused: a column name given twice (a shard written
+    by another tool: which of the two a stage reads would be arbitrary), and metadata that is no declaration."""
     seen: set[str] = set()
     for name in schema.names:
         if name in seen:
             raise InputError(path, "the shard has two columns of this name; rename or drop one", column=name)
         seen.add(name)
+    meanings = read_meanings(schema, path)
     for name in schema.names if names is None else [n for n in names if n in schema.names]:
-        got, want = schema.field(name).type, STEPKIT_FIELDS.get(name)
+        got, declared = schema.field(name).type, meanings.get(name)
+        want = CORE_FIELDS.get(name) or (declared.type if declared is not None else None)
         if want is not None and not _fits_type(got, want):
             raise InputError(path, f"expected type {want}, found {got}", column=name)
-        if name in PER_STEP_COLUMNS and not (pa.types.is_list(got) or pa.types.is_large_list(got)
-                                             or pa.types.is_null(got)):
+        if declared is not None and declared.per_step and not (pa.types.is_list(got) or pa.types.is_large_list(got)
+                                                               or pa.types.is_null(got)):
             raise InputError(path, f"a per-step column must be a list (one entry per step), found {got}",
                              column=name)
 

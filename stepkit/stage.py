@@ -19,8 +19,9 @@ from typing import Any
 
 import pyarrow as pa
 
+from stepkit.columns import Column, fields
 from stepkit.options import Config, identity
-from stepkit.schema import check_steps, check_values
+from stepkit.schema import check_steps, check_values, extend_schema
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,12 @@ class Stage:
     group_by: str | None = None  # a column whose runs of equal values are never split across chunks
     optional_columns: tuple[str, ...] = ()  # also handed to validate() when the shard has them
     cfg: Config | None = None
+    columns: tuple[Column, ...] = ()
+    """The columns this stage writes, with their meaning (:class:`stepkit.columns.Column`); the default
+    :meth:`output_schema` adds them to the input's, their meaning in the field metadata."""
+    keep_on_error: frozenset[str] = frozenset()
+    """Own columns the runner keeps on a row with an ``error``; every other declared column is nulled there
+    (a row this stage could not label, or one that failed upstream, carries none of its labels)."""
 
     def config(self) -> dict[str, Any]:
         """Everything that changes the output, computable without loading a model."""
@@ -87,7 +94,7 @@ class Stage:
         """The explicit schema of the output rows (input columns plus the stage's own). The runner adds
         the ``error`` column when it is missing (:func:`stepkit.schema.with_error_column`), so a row error
         is never dropped, whatever shard the input came from."""
-        return input_schema
+        return extend_schema(input_schema, fields(self.columns))
 
     def side_outputs(self) -> dict[str, SideOutput]:
         """Extra tables this stage writes per shard, by name (rows come from :meth:`process`)."""

@@ -21,10 +21,11 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from stepkit.columns import Column, read_meanings
 from stepkit.conversations import ConversationError, message_text, tool_calls
 from stepkit.errors import InputError
 from stepkit.schema import error_reason
-from stepkit.shards import list_shards, mixed_configuration, read_manifest, read_rows
+from stepkit.shards import list_shards, mixed_configuration, open_parquet, read_manifest, read_rows
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,14 @@ def _load(shard) -> list[dict]:
     for p in list_shards(shard):
         rows.extend(read_rows(p))
     return rows
+
+
+def _declared(shard) -> dict[str, Column]:
+    """The declared columns (:mod:`stepkit.columns`) of every shard of ``shard``, by name."""
+    out: dict[str, Column] = {}
+    for p in list_shards(shard):
+        out.update(read_meanings(open_parquet(p).schema_arrow, p).columns)
+    return out
 
 
 def _fmt(x, digits=2):
@@ -200,7 +209,7 @@ def print_row(shard, row_id: str | None = None, index: int | None = None, status
         if line:
             console.print(Text(line))
     cols = {id(v): (v.step_columns(row) if v.step_columns else []) for v in present}
-    extra = label_columns(row, present)
+    extra = label_columns(row, present, _declared(shard))
 
     def step_cells(s: int) -> tuple[list[tuple[str, str]], str | None]:
         """(title, cell) of every label column at step ``s``, and the views' style for the step."""
@@ -253,14 +262,22 @@ def _is_label_list(v, n: int) -> bool:
         all(x is None or isinstance(x, (bool, float)) for x in v)
 
 
-def label_columns(row: dict, views: list[StageView] = ()) -> list[str]:
-    """The row's per-step label and score columns (a name ending in ``_label``/``_value``/``_score``,
-    one bool or float per step) that no view in ``views`` draws (a view draws its marker's prefix,
-    ``mc_`` for ``mc_value``): ``reference_labels``, a column added by hand, your own ``--step-column``."""
+def label_columns(row: dict, views: list[StageView] = (), declared: dict[str, Column] | None = None) -> list[str]:
+    """The row's per-step label and value columns (one bool or float per step) that no view in ``views``
+    draws (a view draws its marker's prefix, ``mc_`` for ``mc_value``): those the shard declares per step
+    with role ``label`` or ``value`` (``declared``: :mod:`stepkit.columns`), and undeclared ones named like
+    labels (``_label``/``_value``/``_score``: a column added by hand, your own ``--step-column``)."""
     n = len(row.get("steps") or [])
     claimed = {v.marker.split("_")[0] for v in views}
-    return [c for c, v in row.items() if c not in _STRUCTURE and c.endswith(LABEL_SUFFIXES)
-            and c.split("_")[0] not in claimed and _is_label_list(v, n)]
+    declared = declared or {}
+
+    def labels(c: str) -> bool:
+        d = declared.get(c)
+        if d is not None:
+            return d.per_step and d.role in ("label", "value")
+        return c not in _STRUCTURE and c.endswith(LABEL_SUFFIXES)
+
+    return [c for c, v in row.items() if labels(c) and c.split("_")[0] not in claimed and _is_label_list(v, n)]
 
 
 def clip(text: str, limit: int) -> str:
@@ -373,7 +390,8 @@ def _conversation_stats(shard, rows: list[dict], console: Console, figs: dict) -
         t.add_row("tools", Text(", ".join(f"{k} {v}" for k, v in names.most_common(8))
                                 + (f", … ({len(names)} tools)" if len(names) > 8 else "")))
     console.print(t)
-    cols = sorted({c for r in rows for c in label_columns(r)})
+    declared = _declared(shard)
+    cols = sorted({c for r in rows for c in label_columns(r, (), declared)})
     fig["turn_labels"] = {}
     if cols:
         lt = Table(title="labels per turn (turns with / without a tool call)")

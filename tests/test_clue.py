@@ -12,8 +12,8 @@ from stepkit.engines.base import EngineSpec, SamplingConfig
 from stepkit.engines.scripted import ScriptedEngine, clues_policy
 from stepkit.grading.answers import extract_gsm8k_reference, strip_calculator_annotations
 from stepkit.grading.clues import Clue, claim_holds, read_step, reference_clues
-from stepkit.schema import PER_STEP_COLUMNS
 from stepkit.stages.clue import (
+    SCORE_COLUMNS,
     ClueParseError,
     ClueRecoverConfig,
     ClueRecoverStage,
@@ -172,7 +172,7 @@ def test_no_clues_is_a_status_not_a_label(checker):
 
 
 def test_per_step_columns_are_declared():
-    assert {"clue_hits", "clue_score", "clue_label", "clue_false_claims"} <= PER_STEP_COLUMNS
+    assert {"clue_hits", "clue_score", "clue_label", "clue_false_claims"} == {c.name for c in SCORE_COLUMNS if c.per_step}
 
 
 # --- LLM paths with the scripted stand-in -----------------------------------------------------------------

@@ -10,14 +10,17 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from stepkit.columns import fields
 from stepkit.errors import ConfigError, InputError, StepkitError
-from stepkit.schema import MC_FIELDS, MCTS_PAIR_FIELDS, REFERENCE_FIELDS, TRAJECTORY_SCHEMA, extend_schema
+from stepkit.schema import REFERENCE_FIELDS, TRAJECTORY_SCHEMA, extend_schema
 from stepkit.shards import rows_to_table
+from stepkit.stages import mc_label
 from stepkit.stages.export import ExportConfig, export
+from stepkit.stages.mcts_label import PAIR_SCHEMA
 from tests.conftest import run_cli
 from tests.test_filter import real_rows
 
-SCHEMA = extend_schema(TRAJECTORY_SCHEMA, REFERENCE_FIELDS + MC_FIELDS)
+SCHEMA = extend_schema(TRAJECTORY_SCHEMA, REFERENCE_FIELDS + fields(mc_label.COLUMNS))
 
 
 def write(path, rows, schema=SCHEMA):
@@ -130,7 +133,7 @@ def test_pairs_from_an_mcts_pairs_shard(tmp_path):
             "rejected": ["A wrong step."], "chosen_node_id": "n2", "rejected_node_id": "n3", "chosen_value": 0.75,
             "rejected_value": 0.0, "chosen_rollouts": 4, "chosen_successes": 3, "rejected_rollouts": 4,
             "rejected_successes": 0}
-    inp = write(tmp_path / "pairs.parquet", [pair], pa.schema(MCTS_PAIR_FIELDS))
+    inp = write(tmp_path / "pairs.parquet", [pair], PAIR_SCHEMA)
     with pytest.raises(ConfigError, match="drop --labels"):
         ExportConfig(format="pairs", labels="x")
     export(inp, tmp_path / "dpo", ExportConfig(format="pairs"))

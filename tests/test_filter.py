@@ -11,14 +11,16 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from stepkit.columns import fields
 from stepkit.errors import ConfigError, InputError
 from stepkit.runner import run_stage
-from stepkit.schema import JUDGE_FIELDS, MC_FIELDS, REFERENCE_FIELDS, TRAJECTORY_SCHEMA, extend_schema
+from stepkit.schema import REFERENCE_FIELDS, TRAJECTORY_SCHEMA, extend_schema
 from stepkit.shards import read_manifest, read_rows, rows_to_table
+from stepkit.stages import judge, mc_label
 from stepkit.stages.filter import FilterConfig, FilterStage, Prof, parse_rule
 from tests.conftest import DATA, run_cli
 
-SCHEMA = extend_schema(TRAJECTORY_SCHEMA, REFERENCE_FIELDS + MC_FIELDS + JUDGE_FIELDS)
+SCHEMA = extend_schema(TRAJECTORY_SCHEMA, REFERENCE_FIELDS + fields(mc_label.COLUMNS) + fields(judge.COLUMNS))
 
 
 def real_rows(n: int) -> list[dict]:
@@ -256,8 +258,10 @@ def test_cli_stats_show_reasons_and_balance_and_rerun_is_up_to_date(tmp_path):
 
 
 def test_schema_of_per_step_columns_is_declared():
-    from stepkit.schema import PER_STEP_COLUMNS
+    from stepkit.columns import Meanings
+    from stepkit.stages import mcts_label
 
-    assert {"steps", "mc_value", "mc_label", "judge_label", "mcts_value", "reference_labels"} <= PER_STEP_COLUMNS
-    assert not {"judge_votes", "judge_replies", "reference_steps"} & PER_STEP_COLUMNS
+    per_step = set(Meanings(extend_schema(SCHEMA, fields(mcts_label.COLUMNS))).per_step())
+    assert {"steps", "mc_value", "mc_label", "judge_label", "mcts_value", "reference_labels"} <= per_step
+    assert not {"judge_votes", "judge_replies", "reference_steps"} & per_step
     assert pa.types.is_list(SCHEMA.field("mc_value").type)

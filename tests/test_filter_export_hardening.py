@@ -11,9 +11,9 @@ import pytest
 
 from stepkit.errors import ConfigError, InputError, StepkitError
 from stepkit.runner import _OutputLock, run_stage
-from stepkit.schema import MCTS_PAIR_FIELDS
 from stepkit.stages.export import ExportConfig, export
 from stepkit.stages.filter import FilterConfig, FilterStage
+from stepkit.stages.mcts_label import PAIR_SCHEMA
 from stepkit.stages.publish import PublishConfig, publish
 from tests.hub_server import FakeHub, hub_env
 from tests.test_export import SCHEMA, labelled, load, write
@@ -103,7 +103,7 @@ def test_export_refuses_wrong_types_and_bad_rows_in_one_line(tmp_path):
     russian = [{**rows[0], "steps": ["Покупки стоят 5 рублей, кино 3."] + rows[0]["steps"][1:]}]
     export(write(tmp_path / "r.parquet", russian), tmp_path / "ru", ExportConfig(format="math-shepherd",
                                                                                labels="mc_label"))
-    pairs = pa.schema([pa.field("chosen", pa.string()) if f.name == "chosen" else f for f in MCTS_PAIR_FIELDS])
+    pairs = pa.schema([pa.field("chosen", pa.string()) if f.name == "chosen" else f for f in PAIR_SCHEMA])
     pq.write_table(pa.Table.from_pylist([{"prompt": "Q", "prefix_steps": [], "chosen": "one step",
                                           "rejected": ["x"]}], schema=pairs), tmp_path / "p.parquet")
     with pytest.raises(InputError, match="column 'chosen': expected a list of step strings"):

@@ -28,13 +28,14 @@ import pytest
 from hypothesis import HealthCheck, Phase, event, given, settings
 from hypothesis import strategies as st
 
+from stepkit.columns_legacy import LEGACY_COLUMNS
 from stepkit.engines.base import EngineSpec, SamplingConfig
 from stepkit.engines.scripted import ScriptedEngine, flat_scorer, judge_policy
 from stepkit.errors import ConfigError, InputError, StepkitError
 from stepkit.grading.steps import split_steps
 from stepkit.grading.verify import checker_settings
 from stepkit.runner import run_stage
-from stepkit.schema import STEPKIT_FIELDS, with_error_column
+from stepkit.schema import CORE_FIELDS, with_error_column
 from stepkit.shards import manifest_path
 from stepkit.stages.ingest import TRAJ_SCHEMA_WITH_REFS, IngestOptions, ingest
 
@@ -754,7 +755,7 @@ def test_a_stepkit_column_of_another_type_is_one_error_line(tmp_path, checker, r
     before_files = listing(tmp_path)
     with pytest.raises(InputError) as e:
         run()
-    assert str(e.value) == f"{src}: column '{column}': expected type {STEPKIT_FIELDS[column]}, found " \
+    assert str(e.value) == f"{src}: column '{column}': expected type {CORE_FIELDS.get(column) or LEGACY_COLUMNS[column].type}, found " \
                            f"{pq.read_schema(src).field(column).type}"
     check_nothing_left(tmp_path, before_files)
 

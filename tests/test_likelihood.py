@@ -14,7 +14,7 @@ from stepkit.engines.base import EngineSpec, SamplingConfig, Scored, ScoreReques
 from stepkit.engines.scripted import ScriptedEngine, scripted_tokens
 from stepkit.errors import ConfigError, StepkitError
 from stepkit.prompts import load_answer_scaffold
-from stepkit.schema import PER_STEP_COLUMNS, REFERENCE_FIELDS, TRAJECTORY_SCHEMA, extend_schema
+from stepkit.schema import REFERENCE_FIELDS, TRAJECTORY_SCHEMA, extend_schema
 from stepkit.shards import read_manifest
 from stepkit.stages.likelihood import (
     DEFAULT_THRESHOLD,
@@ -241,7 +241,9 @@ def test_rows_without_answer_upstream_errors_and_engine_failures():
 
 
 def test_lh_step_columns_are_per_step_columns():
-    assert {"lh_value", "lh_gain", "lh_reward", "lh_q", "lh_label"} <= PER_STEP_COLUMNS
+    from stepkit.stages.likelihood import COLUMNS
+
+    assert {"lh_value", "lh_gain", "lh_reward", "lh_q", "lh_label"} == {c.name for c in COLUMNS if c.per_step}
 
 
 # --- implicit-prm with two scripted models, exactly ------------------------------------------------------

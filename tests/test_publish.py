@@ -182,13 +182,13 @@ def test_pairs_card_counts_pairs_and_draws_their_margins(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from stepkit.schema import MCTS_PAIR_FIELDS
+    from stepkit.stages.mcts_label import PAIR_SCHEMA
 
     steps = json.loads((DATA / "processbench" / "gsm8k.json").read_text())[0]["steps"]
     pairs = [{"problem_id": f"p{i}", "prompt": "Q?", "node_id": "n", "prefix_steps": steps[:1], "chosen": steps[1:2],
               "rejected": ["A wrong step."], "chosen_node_id": f"c{i}", "rejected_node_id": f"r{i}",
               "chosen_value": 0.25 * (i + 1), "rejected_value": 0.0} for i in range(3)]
-    pq.write_table(pa.Table.from_pylist(pairs, schema=pa.schema(MCTS_PAIR_FIELDS)), tmp_path / "pairs.parquet")
+    pq.write_table(pa.Table.from_pylist(pairs, schema=PAIR_SCHEMA), tmp_path / "pairs.parquet")
     export(tmp_path / "pairs.parquet", tmp_path / "dpo", ExportConfig(format="pairs"))
     report = publish(tmp_path / "dpo", PublishConfig(dry_run=True))
     assert "3 pairs, in the **pairs** (DPO) format" in report["card"]

@@ -19,13 +19,14 @@ import click
 import pyarrow as pa
 
 from stepkit.cli.common import run, runner_options
+from stepkit.columns import Column
 from stepkit.errors import RowError
 from stepkit.options import Config, click_options, from_params, opt
-from stepkit.schema import extend_schema
 from stepkit.stage import SideInput, SideOutput, Stage
 from stepkit.views import StageView
 
-TOY_FIELDS = [pa.field("toy_lengths", pa.list_(pa.int32())), pa.field("toy_note", pa.string())]
+COLUMNS = (Column("toy_lengths", pa.list_(pa.int32()), "characters in the step", per_step=True),
+           Column("toy_note", pa.string(), "the row's note from the --notes side input"))
 STEP_SCHEMA = pa.schema([pa.field("id", pa.string()), pa.field("step_index", pa.int32()),
                          pa.field("length", pa.int32())])
 
@@ -42,12 +43,10 @@ class ToyStage(Stage):
     name = "toy-steps"
     required_columns = ("id", "problem_id", "steps")
     default_chunk_size = 2
+    columns = COLUMNS
 
     def __init__(self, cfg: ToyConfig):
         self.cfg = cfg
-
-    def output_schema(self, input_schema):
-        return extend_schema(input_schema, TOY_FIELDS)
 
     def side_outputs(self):
         return {"steps": SideOutput(Path(self.cfg.steps_out), STEP_SCHEMA)}

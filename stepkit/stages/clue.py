@@ -88,6 +88,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from stepkit.columns import Column, fields
 from stepkit.engines.base import EngineSpec, Request, SamplingConfig
 from stepkit.errors import ConfigError, InputError, RowError
 from stepkit.grading.actions import KINDS, READ_ONLY_TOOLS, action_clues, match_turns
@@ -96,7 +97,7 @@ from stepkit.grading.clues import Clue, claim_holds, number_value, problem_numbe
 from stepkit.grading.verdicts import VerdictParseError, parse_first_error
 from stepkit.options import Config, opt
 from stepkit.prompts import PromptTemplate, clue_template, render_clue_recover, render_clue_verify
-from stepkit.schema import CLUE_RECOVER_FIELDS, CLUE_SCORE_FIELDS, check_steps, check_values, extend_schema
+from stepkit.schema import check_steps, check_values, extend_schema
 from stepkit.stage import EngineStage, SideInput
 
 # The problem columns a clue row keeps (whichever the input has).
@@ -106,6 +107,37 @@ MATCH_MODES = ("numeric", "llm", "both")
 _RETRY_SEED_STRIDE = 1_000_003
 _CLUE_LINE = re.compile(r"^[ \t*#>-]*CLUE[ \t]+(\d+)[ \t]*[:.)][ \t]*(.+?)[ \t]*$", re.IGNORECASE | re.MULTILINE)
 _NONE = re.compile(r"^(?:none|n/?a|-|null|nothing|not numeric)?\.?$", re.IGNORECASE)
+
+
+RECOVER_COLUMNS = (  # clue recover: one row per problem
+    Column("clue_texts", pa.list_(pa.string()), "each clue as the source states it"),
+    Column("clue_values", pa.list_(pa.string()), "each clue's value (a number, an expression, a call)"),
+    Column("clue_depends", pa.list_(pa.list_(pa.int32())), "per clue: the clues it is computed from"),
+    Column("clue_kinds", pa.list_(pa.string()), "per clue: call / value (agent clues, --from-actions); null: math"),
+    Column("clue_status", pa.string(), "ok; no_reference, parse_failure: no clues", role="status",
+           values=("ok", "no_reference", "parse_failure"), no_labels=("no_reference", "parse_failure")),
+    Column("clue_parse_failures", pa.int32(), "replies that failed to parse"),
+    Column("clue_parse_error", pa.string(), "the last parse failure's reason"),
+    Column("clue_replies", pa.list_(pa.string()), "every reply, for inspection"),
+)
+SCORE_COLUMNS = (  # clue score: per trajectory row
+    Column("clue_hits", pa.list_(pa.list_(pa.int32())), "per step: the clues it newly establishes", per_step=True),
+    Column("clue_false_claims", pa.list_(pa.int32()), "per step: claims it makes that do not hold", per_step=True),
+    Column("clue_score", pa.list_(pa.float32()), "per step: 1 + weighted new clues - contradictions - false "
+           "claims, clipped to 0-2 (1.0 neutral)", per_step=True, role="value", scale="score", range=(0.0, 2.0), status="clue_status"),
+    Column("clue_label", pa.list_(pa.bool_()), "per step: no contradiction and no false claim", per_step=True,
+           role="label", status="clue_status"),
+    Column("clue_coverage", pa.float32(), "share of the checked clues the row establishes"),
+    Column("clue_first_error", pa.int32(), "the first step that contradicts or makes a false claim, -1 if none", role="first_error", status="clue_status"),
+    Column("clue_verdicts", pa.list_(pa.int32()), "per clue: the step that establishes it, -1 none, null "
+           "unchecked"),
+    Column("clue_verdict_failures", pa.int32(), "verifier replies that failed to parse"),
+    Column("clue_status", pa.string(), "ok; otherwise why the row has no clue labels", role="status",
+           values=("ok", "no_reference", "parse_failure", "clue_error", "no_clues"),
+           no_labels=("no_reference", "parse_failure", "clue_error", "no_clues")),
+)
+_RECOVER_EMPTY = {c.name: None for c in RECOVER_COLUMNS}
+_SCORE_EMPTY = {c.name: None for c in SCORE_COLUMNS}
 
 
 class ClueParseError(ValueError):
@@ -214,6 +246,7 @@ class ClueRecoverStage(EngineStage):
     required_columns = ("problem_id", "prompt", "reference_answer")
     optional_columns = ("id",)
     default_chunk_size = 32
+    columns = RECOVER_COLUMNS
     one_to_one = False
     grades_answers = False
 
@@ -255,7 +288,7 @@ class ClueRecoverStage(EngineStage):
 
     def output_schema(self, input_schema):
         keep = [input_schema.field(c) for c in PROBLEM_COLUMNS if c in input_schema.names]
-        return extend_schema(pa.schema(keep, metadata=input_schema.metadata), CLUE_RECOVER_FIELDS)
+        return extend_schema(pa.schema(keep, metadata=input_schema.metadata), fields(RECOVER_COLUMNS))
 
     def check_schema(self, schema, path):
         if self.cfg.from_actions and "reference_actions" not in schema.names:
@@ -298,7 +331,7 @@ class ClueRecoverStage(EngineStage):
         for r in rows:
             if r.get("id", None) not in chosen if "id" in r else False:
                 continue
-            row = {c: r.get(c) for c in PROBLEM_COLUMNS} | {f.name: None for f in CLUE_RECOVER_FIELDS}
+            row = {c: r.get(c) for c in PROBLEM_COLUMNS} | _RECOVER_EMPTY
             row["error"] = r.get("error")
             out.append(row)
         counters["problems"] = len(out)
@@ -327,20 +360,20 @@ class ClueRecoverStage(EngineStage):
             asyncio.run(self._recover_all(todo, counters))
         for r in out:
             if r["error"]:
-                r.update({f.name: None for f in CLUE_RECOVER_FIELDS})
+                r.update(_RECOVER_EMPTY)
         return out, counters
 
     def _from_actions(self, r, counters) -> None:
         actions = r.get("reference_actions")
         if actions is None:
             r["error"] = RowError(self.name, "no reference_actions (agent clues are backtracked from them)")
-            r.update({f.name: None for f in CLUE_RECOVER_FIELDS})
+            r.update(_RECOVER_EMPTY)
             return
         try:
             clues = action_clues(actions, self.cfg.read_only_tools)
         except ValueError as e:
             r["error"] = RowError(self.name, f"reference_actions: {e}")
-            r.update({f.name: None for f in CLUE_RECOVER_FIELDS})
+            r.update(_RECOVER_EMPTY)
             return
         r.update(clue_texts=[c.text for c in clues], clue_values=[c.value for c in clues],
                  clue_depends=[list(c.depends_on) for c in clues], clue_kinds=[c.kind for c in clues],
@@ -497,6 +530,7 @@ class ClueScoreStage(EngineStage):
     required_columns = ("id", "problem_id", "prompt", "steps")
     optional_columns = ("final_answer", "step_messages", "step_observations")
     default_chunk_size = 64
+    columns = SCORE_COLUMNS
     grades_answers = True
 
     def __init__(self, cfg: ClueScoreConfig, engine: EngineSpec | None, sampling: SamplingConfig | None,
@@ -538,7 +572,7 @@ class ClueScoreStage(EngineStage):
                                    optional=("clue_kinds",), check=check_clue_rows)}
 
     def output_schema(self, input_schema):
-        return extend_schema(input_schema, CLUE_SCORE_FIELDS)
+        return extend_schema(input_schema, fields(SCORE_COLUMNS))
 
     def validate(self, rows, path, first_row):
         if first_row == 0:
@@ -552,7 +586,7 @@ class ClueScoreStage(EngineStage):
         false_claims, verdicts, verdict_failures, first_errors."""
         counters = {"rows_scored": 0, "no_clues": 0, "clue_hits": 0, "false_claims": 0, "verdicts": 0,
                     "verdict_failures": 0, "first_errors": 0}
-        out = [{**r, **{f.name: None for f in CLUE_SCORE_FIELDS}} for r in rows]
+        out = [{**r, **_SCORE_EMPTY} for r in rows]
         todo = []
         for r in out:
             if r.get("error"):
@@ -577,7 +611,7 @@ class ClueScoreStage(EngineStage):
         verdicts = self._llm_verdicts(todo, counters)
         for r in todo:
             if r.get("error"):
-                r.update({f.name: None for f in CLUE_SCORE_FIELDS})
+                r.update(_SCORE_EMPTY)
                 continue
             r.update(self._score(r, reads[id(r)], found[id(r)], verdicts.get(id(r), {})))
             counters["rows_scored"] += 1

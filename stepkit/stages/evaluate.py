@@ -9,7 +9,8 @@
 A prediction column is either a first-error index (int: ``mc_first_error``, ``judge_first_error``, a
 filter's consensus) or per-step hard labels (list<bool>: ``mc_label``, ``judge_label``), read as the index
 of the first False (-1 when all are True). A row with no prediction (null: a parse failure, no signal, a
-row error of the stage that owns the column, a null label before the first False) is *missing*. An
+row error of the stage that owns the column, a null label before the first False, a row whose status column
+says it has no labels, as the shard declares it: :mod:`stepkit.columns`) is *missing*. An
 ``error`` from another stage does not hide a column that was written before it. The paper's protocol counts a missing
 prediction as wrong (``f1``); ``f1_answered`` scores only the rows with a prediction, and ``coverage``
 says how many those are, so a labeler that abstains is neither hidden nor scored as if it had answered.
@@ -23,6 +24,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from stepkit.columns import read_meanings
 from stepkit.errors import InputError
 from stepkit.grading.verdicts import first_error_of
 from stepkit.metrics import processbench_f1
@@ -87,9 +89,12 @@ def load_predictions(shard: str | Path, columns: list[str]) -> tuple[list[dict],
                                     f"{kinds[c][1].name} holds {'step labels' if kinds[c][0] == 'labels' else 'first-error indices'}",
                                  column=c)
             kinds.setdefault(c, (k, p))
+        meanings = read_meanings(schema, p)
+        status = {c: meanings.status_of(c) for c in columns}
         extra = [c for c in ("id", "source", "steps") if c in schema.names and c not in columns]
         check_column_types(schema, p, extra)
-        for i, r in enumerate(read_rows(p, columns=list(dict.fromkeys(columns + extra)))):
+        read = list(dict.fromkeys(columns + extra + [s for s in status.values() if s]))
+        for i, r in enumerate(read_rows(p, columns=read)):
             n = len(r["steps"]) if r.get("steps") is not None else None
             rid = r.get("id")
             if rid is not None:
@@ -99,7 +104,8 @@ def load_predictions(shard: str | Path, columns: list[str]) -> tuple[list[dict],
                 seen[rid] = p
             out = {"id": rid, "source": r.get("source"), "n_steps": n}
             for c in columns:
-                out[c] = _first_error(r.get(c), kinds[c][0], n, p, i, c)
+                labelled = meanings.row_has_labels(r, c)
+                out[c] = _first_error(r.get(c), kinds[c][0], n, p, i, c) if labelled else None
             rows.append(out)
     folder = Path(shard)
     unfinished = sorted(str(x) for x in folder.glob("*.parquet.parts") if x.is_dir()) if folder.is_dir() else []

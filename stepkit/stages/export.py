@@ -7,8 +7,8 @@ Formats (``FORMATS``), each with explicit ``datasets`` features (never inferred 
   ``--soft`` writes ``List(float32)`` from a value column. TRL's ``PRMTrainer`` converts each label with
   ``int()`` (so 0.75 trains as 0, case ``trl-prm-soft-labels-truncated``): hard labels from a value
   column follow a recorded rule, ``value > --threshold`` (default 0: Math-Shepherd's hard estimate; a
-  score column on a scale of its own, ``stepkit.schema.SCORE_SCALES``, needs it given and is never
-  soft), and the values are kept beside them as ``soft_labels``. One dataset never mixes hard and soft labels.
+  score column on a scale of its own (declared ``scale="score"`` in the shard, :mod:`stepkit.columns`)
+  needs it given and is never soft), and the values are kept beside them as ``soft_labels``. One dataset never mixes hard and soft labels.
 * ``math-shepherd`` — Math-Shepherd's ``input`` (the problem, a space, then each step followed by the
   step tag `` ки``, steps joined by newlines), ``label`` (the same text with ``+`` / ``-`` in place of
   each tag) and ``task`` (``GSM8K``/``MATH`` from ``source``, or ``--task``).
@@ -52,10 +52,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from stepkit import __version__
+from stepkit.columns import Meanings, read_meanings
 from stepkit.errors import ConfigError, InputError, StepkitError
 from stepkit.grading.verdicts import first_error_of, labels_from_first_error
 from stepkit.options import Config, opt
-from stepkit.schema import LOG_SCALE_COLUMNS, SCORE_SCALES, check_column_types, check_columns, check_kept_steps
+from stepkit.schema import check_column_types, check_columns, check_kept_steps
 from stepkit.shards import (
     file_sha256,
     iter_row_chunks,
@@ -173,6 +174,8 @@ def threshold(cfg: ExportConfig) -> float:
 
 
 def _label_kind(schema: pa.Schema, path: Path, col: str, soft: bool = False, threshold: float | None = None) -> str:
+    """``index``, ``bool`` or ``float``: what ``--labels COL`` holds, by its type and its declared meaning (a
+    float column in nats or on a score scale of its own is no value in [0, 1])."""
     if col not in schema.names:
         raise InputError(path, f"missing --labels column (has: {', '.join(schema.names)})", column=col)
     t = schema.field(col).type
@@ -182,13 +185,17 @@ def _label_kind(schema: pa.Schema, path: Path, col: str, soft: bool = False, thr
         if pa.types.is_boolean(t.value_type):
             return "bool"
         if pa.types.is_floating(t.value_type):
-            if col in LOG_SCALE_COLUMNS and not soft:
+            meaning = read_meanings(schema, path).get(col)
+            scale = meaning.scale if meaning is not None else None
+            prefix = col.split("_")[0]
+            if scale == "nats" and not soft:
                 raise InputError(path, "holds log-probabilities (nats), not values in [0, 1]: hard labels from it "
-                                       "need likelihood-label's first-error rule; use --labels lh_label (or "
-                                       "lh_first_error), or --soft to export the values", column=col)
-            if col in SCORE_SCALES and (soft or threshold is None):
+                                       f"need its stage's first-error rule; use --labels {prefix}_label (or "
+                                       f"{prefix}_first_error), or --soft to export the values", column=col)
+            if scale == "score" and (soft or threshold is None):
                 own = col.replace("_score", "_label")
-                raise InputError(path, f"holds 0-{SCORE_SCALES[col]:g} scores, not values in [0, 1]: "
+                low, high = meaning.range
+                raise InputError(path, f"holds {low:g}-{high:g} scores, not values in [0, 1]: "
                                        + ("they are no soft labels" if soft else "value > 0 would call nearly every "
                                           "step correct") + f"; use --labels {own}, or hard labels with --threshold X",
                                  column=col)
@@ -196,8 +203,6 @@ def _label_kind(schema: pa.Schema, path: Path, col: str, soft: bool = False, thr
     raise InputError(path, f"--labels needs step labels (list<bool>), step values (list<float>) or a first-error "
                            f"index (int), found {t}", column=col)
 
-
-NO_LABELS = {"no_signal", "ungraded", "parse_failure"}  # stage statuses that mean "no labels for this row"
 
 REQUIRED = {"trl": ("id", "prompt", "steps"), "math-shepherd": ("id", "prompt", "steps"),
             "processbench": ("id", "prompt", "steps", "outcome_correct"),
@@ -211,9 +216,11 @@ class Converter:
     def __init__(self, cfg: ExportConfig):
         self.cfg = cfg
         self.kind: str | None = None
+        self.meanings: dict[Path, Meanings] = {}  # per shard: its columns' declared meaning
         self.dropped_keys: Counter = Counter()  # messages: message keys left out, with how many messages had one
 
     def check_schema(self, schema: pa.Schema, path: Path) -> None:
+        self.meanings[Path(path)] = read_meanings(schema, path)
         if self.cfg.format == "messages":
             from stepkit.stages.export_messages import check_schema
 
@@ -250,8 +257,7 @@ class Converter:
         the labelling stage's status says it has no labels for the row (``mc_status = no_signal``: its
         values are all 0 because nothing succeeded, which says nothing about the steps)."""
         v, n, col = row.get(self.cfg.labels), len(row["steps"]), self.cfg.labels
-        status = row.get(col.split("_")[0] + "_status") if "_" in col else None
-        if v is None or status in NO_LABELS:
+        if v is None or not self.meanings[Path(path)].row_has_labels(row, col):
             return None, None
         if self.kind == "index":
             if v >= n and row.get("filter_steps_before", n) > n:  # keep-correct-steps cut off the error
@@ -274,7 +280,7 @@ class Converter:
         """The output record of ``row``; None when its labels are null. A row that ``stepkit filter
         --flag-only`` flagged never gets here (see :func:`flagged`); one it would cut is cut here."""
         f = self.cfg.format
-        row = _apply_cut(row)
+        row = _apply_cut(row, self.meanings.get(Path(path)))
         if f == "pairs":
             prompt = "\n".join([row["prompt"], *(row.get("prefix_steps") or [])])
             return {"id": f"{row.get('node_id') or i}:{row.get('chosen_node_id')}:{row.get('rejected_node_id')}",
@@ -317,14 +323,14 @@ def flagged(row: dict) -> bool:
     return bool(row.get("filter_reason"))
 
 
-def _apply_cut(row: dict) -> dict:
-    """The row with its per-step columns cut to ``filter_kept_steps`` (set by ``filter --flag-only``)."""
+def _apply_cut(row: dict, meanings: Meanings | None) -> dict:
+    """The row with its per-step columns (as its shard declares them) cut to ``filter_kept_steps`` (set by
+    ``filter --flag-only``)."""
     k = row.get("filter_kept_steps")
     if k is None or k >= len(row.get("steps") or []):
         return row
-    from stepkit.schema import PER_STEP_COLUMNS
-
-    return {**row, **{c: v[:k] for c, v in row.items() if c in PER_STEP_COLUMNS and v is not None},
+    per_step = set(meanings.per_step()) if meanings is not None else {"steps"}
+    return {**row, **{c: v[:k] for c, v in row.items() if c in per_step and v is not None},
             "filter_cut_by": row.get("filter_cut_by") or "(flagged)"}
 
 

@@ -30,7 +30,8 @@ or **cuts** its steps (keeps a prefix). Rules (``RULES`` below; ``COL`` names a 
 * ``keep-correct-steps:COL`` — keep only the steps before the first error (WebSTAR-style step filtering
   for imitation data); a row whose first step is wrong has none left and is dropped (``no-correct-steps``).
 
-When steps are cut, every per-step column (``stepkit.schema.PER_STEP_COLUMNS`` and ``--step-column``)
+When steps are cut, every per-step column (declared ``per_step`` in the shard's column metadata,
+:mod:`stepkit.columns`, and ``--step-column``)
 is cut the same way; per-step columns must have one entry per step, which is checked on the input
 (``InputError`` naming file, row and column) and again before writing. Scalar columns (first-error
 indices, outcomes) describe the row as it was labelled and are not rewritten: after
@@ -47,7 +48,7 @@ answer calls no longer there. To train on every correct turn, later ones include
 ``export --format messages --labels COL`` writes the whole conversation with one label per assistant turn,
 and the trainer masks the loss of the turns labelled false.
 
-Columns (``stepkit.schema.FILTER_FIELDS``): ``filter_reason`` (null: kept; else ``unlabelled``,
+Columns (:data:`COLUMNS`): ``filter_reason`` (null: kept; else ``unlabelled``,
 ``consensus``, ``prof``, ``min-value``, ``max-value``, ``status``, ``dedupe``, ``steps``, ``error``,
 ``no-correct-steps``), ``filter_rule`` (the rule as written), ``filter_steps_before``,
 ``filter_kept_steps`` and ``filter_cut_by``. A row that arrives flagged (from an earlier ``--flag-only``
@@ -64,11 +65,20 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from stepkit.columns import Column, read_meanings
 from stepkit.errors import ConfigError, InputError, StepkitError
 from stepkit.grading.verdicts import first_error_of
 from stepkit.options import Config, opt
-from stepkit.schema import FILTER_FIELDS, PER_STEP_COLUMNS, check_kept_steps, extend_schema
+from stepkit.schema import check_kept_steps
 from stepkit.stage import SideOutput, Stage
+
+COLUMNS = (  # why a row is (or would be) dropped, and what cutting did to its steps
+    Column("filter_reason", pa.string(), "why the row is dropped (null: kept)"),
+    Column("filter_rule", pa.string(), "the rule, as written, that dropped the row"),
+    Column("filter_steps_before", pa.int32(), "steps the row had before any filter cut them"),
+    Column("filter_kept_steps", pa.int32(), "steps the cutting rules keep (with --flag-only: would keep)"),
+    Column("filter_cut_by", pa.string(), "the rule that cut the steps (null: not cut)"),
+)
 
 RULE_SYNTAX = ("consensus:A,B | prof:COL | min-value:COL>=X | max-value:COL<=X | status:COL=V | "
                "status:COL!=V | dedupe | steps:MIN-MAX | no-error | truncate-after-first-error:COL | "
@@ -422,22 +432,29 @@ class FilterStage(Stage):
     name = "filter"
     one_to_one = False
     default_chunk_size = 1 << 40  # the whole shard: dedupe and prof need every row
+    columns = COLUMNS
+    keep_on_error = frozenset(c.name for c in COLUMNS)  # bookkeeping, not labels: kept on every row
 
     def __init__(self, cfg: FilterConfig):
         self.cfg = cfg
         self.rules = [parse_rule(r) for r in cfg.rule]
         self.required_columns = ("prompt", "steps")  # each rule checks its own columns (naming the rule)
-        status_cols = {r.columns[0] for r in self.rules if isinstance(r, Status)}  # observed while planning
-        self.optional_columns = tuple(sorted(PER_STEP_COLUMNS | set(cfg.step_column)
-                                             | {"filter_reason", "filter_kept_steps", "filter_steps_before"} | status_cols))
+        self.status_cols = {r.columns[0] for r in self.rules if isinstance(r, Status)}  # observed while planning
+        self.per_step = set(cfg.step_column)  # grows with every planned shard's per-step columns (check_schema)
+        self._set_optional_columns()
 
-    def output_schema(self, input_schema):
-        return extend_schema(input_schema, FILTER_FIELDS)
+    def _set_optional_columns(self) -> None:
+        self.optional_columns = tuple(sorted(self.per_step | self.status_cols
+                                             | {"filter_reason", "filter_kept_steps", "filter_steps_before"}))
 
     def side_outputs(self):
         return {"dropped": SideOutput(Path(self.cfg.dropped), None)} if self.cfg.dropped else {}
 
     def check_schema(self, schema, path):
+        # Per-step columns are what the shard declares (a column of one name means the same in every shard
+        # of a run, so the union over planned shards is what process() cuts).
+        self.per_step |= set(read_meanings(schema, path).per_step())
+        self._set_optional_columns()
         for c in self.cfg.step_column:
             if c not in schema.names:
                 raise InputError(path, f"missing --step-column (has: {', '.join(schema.names)})", column=c)
@@ -467,14 +484,14 @@ class FilterStage(Stage):
             check_kept_steps(r, n, path, first_row + i)
             for c in r:
                 v = r[c]
-                if c != "steps" and (c in PER_STEP_COLUMNS or c in self.cfg.step_column) and v is not None \
+                if c != "steps" and c in self.per_step and v is not None \
                         and n is not None and len(v) != n:
                     raise InputError(path, f"per-step column has {len(v)} entries for {n} steps",
                                      row=first_row + i, column=c)
 
     def _step_columns(self, rows: list[dict]) -> list[str]:
         present = rows[0].keys() if rows else ()
-        return [c for c in present if c in PER_STEP_COLUMNS or c in self.cfg.step_column]
+        return [c for c in present if c in self.per_step]
 
     def process(self, rows):
         cfg = self.cfg

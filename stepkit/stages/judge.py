@@ -40,6 +40,9 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+import pyarrow as pa
+
+from stepkit.columns import Column
 from stepkit.engines.base import EngineSpec, Request, SamplingConfig
 from stepkit.errors import ConfigError, RowError
 from stepkit.grading.answers import find_boxes
@@ -55,12 +58,31 @@ from stepkit.grading.verdicts import (
 )
 from stepkit.options import Config, opt
 from stepkit.prompts import JUDGE_MODES, PromptTemplate, judge_template, load_template, render_judge
-from stepkit.schema import CONVERSATION_STEP_COLUMNS, JUDGE_FIELDS, extend_schema
+from stepkit.schema import CONVERSATION_STEP_COLUMNS
 from stepkit.stage import LabelerStage
 
-_EMPTY = {f.name: None for f in JUDGE_FIELDS}
 SCORE_THRESHOLD = 5.0
 """Mode ``per-step-score``: a step is correct when its score is above this (0-10 scale)."""
+
+COLUMNS = (
+    Column("judge_label", pa.list_(pa.bool_()), "the voted verdicts (first-error mode: True before the first "
+           "error, False from it on)", per_step=True, role="label", status="judge_status"),
+    Column("judge_first_error", pa.int32(), "the voted first error: 0-based, -1 when no step is wrong",
+           role="first_error", status="judge_status"),
+    Column("judge_votes", pa.list_(pa.int32()), "the first-error index of each valid vote"),
+    Column("judge_correct_votes", pa.list_(pa.int32()), "valid votes that call the step correct", per_step=True),
+    Column("judge_tie", pa.bool_(), "the vote was tied (resolved towards the earlier error)"),
+    Column("judge_valid_votes", pa.int32(), "replies that parsed"),
+    Column("judge_parse_failures", pa.int32(), "replies that failed to parse, retries included"),
+    Column("judge_parse_error", pa.string(), "the last parse failure's reason"),
+    Column("judge_replies", pa.list_(pa.string()), "every reply in the order received, for inspection"),
+    Column("judge_status", pa.string(), "ok, or parse_failure (no valid vote: no labels)", role="status",
+           values=("ok", "parse_failure"), no_labels=("parse_failure",)),
+    Column("judge_score", pa.list_(pa.float32()), "mode per-step-score: the mean 0-10 score of the valid votes "
+           f"(correct above {SCORE_THRESHOLD:g})", per_step=True, role="value", scale="score", range=(0.0, 10.0),
+           status="judge_status"),
+)
+_EMPTY = {c.name: None for c in COLUMNS}
 _RETRY_SEED_STRIDE = 1_000_003
 
 
@@ -158,6 +180,7 @@ class JudgeStage(LabelerStage):
     required_columns = ("id", "prompt", "steps")
     optional_columns = CONVERSATION_STEP_COLUMNS  # checked against the steps (a prompt shows the observations)
     default_chunk_size = 32
+    columns = COLUMNS
     grades_answers = False
 
     def __init__(self, cfg: JudgeConfig, engine: EngineSpec, sampling: SamplingConfig,
@@ -175,9 +198,6 @@ class JudgeStage(LabelerStage):
     def config(self) -> dict[str, Any]:
         return {**super().config(), "mode": self.mode,
                 "prompt_template": {"version": self.template.version, "hash": self.template.hash()}}
-
-    def output_schema(self, input_schema):
-        return extend_schema(input_schema, JUDGE_FIELDS)
 
     def provenance(self) -> dict[str, Any]:
         return {**super().provenance(),

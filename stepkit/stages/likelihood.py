@@ -51,13 +51,14 @@ from typing import Any
 
 import pyarrow as pa
 
+from stepkit.columns import Column
 from stepkit.engines.base import EngineSpec, SamplingConfig, ScoreRequest
 from stepkit.errors import ConfigError, InputError, RowError
 from stepkit.grading.verdicts import labels_from_first_error
 from stepkit.metrics import processbench_f1
 from stepkit.options import Config, opt
 from stepkit.prompts import AnswerScaffold, load_answer_scaffold
-from stepkit.schema import CONVERSATION_STEP_COLUMNS, LH_FIELDS, extend_schema
+from stepkit.schema import CONVERSATION_STEP_COLUMNS
 from stepkit.stage import LabelerStage
 
 METHODS = ("answer-gain", "implicit-prm")
@@ -68,7 +69,27 @@ bundled model (-7.54, rounded; ``bench/likelihood_processbench.py``): the 135M m
 almost no step falls below it and an incorrect row's error is its lowest-gain step. Recalibrate for another
 model with ``--calibrate``."""
 
-_EMPTY = {f.name: None for f in LH_FIELDS}
+_NATS = pa.list_(pa.float32())
+COLUMNS = (
+    Column("lh_value", _NATS, "answer-gain: log-probability (nats) of the answer after steps[:i+1]", per_step=True,
+           role="value", scale="nats", status="lh_status"),
+    Column("lh_value_start", pa.float32(), "answer-gain: log-probability (nats) of the answer after the bare problem"),
+    Column("lh_gain", _NATS, "answer-gain: lh_value[i] - lh_value[i-1] (nats)", per_step=True, role="value",
+           scale="nats", status="lh_status"),
+    Column("lh_reward", _NATS, "implicit-prm: beta times the step's summed log-ratio (nats)", per_step=True,
+           role="value", scale="nats", status="lh_status"),
+    Column("lh_q", _NATS, "implicit-prm: running sum of lh_reward (nats)", per_step=True, role="value", scale="nats",
+           status="lh_status"),
+    Column("lh_first_error", pa.int32(), "first step whose signal is below the threshold (see first_error), -1 if "
+           "none", role="first_error", status="lh_status"),
+    Column("lh_label", pa.list_(pa.bool_()), "True before lh_first_error, False from it on", per_step=True,
+           role="label", status="lh_status"),
+    Column("lh_answer_tokens", pa.int32(), "tokens of the scored answer"),
+    Column("lh_scored_tokens", pa.int32(), "tokens of the row's scored texts"),
+    Column("lh_status", pa.string(), "ok; no_answer: no reference answer to score (no labels)", role="status",
+           values=("ok", "no_answer"), no_labels=("no_answer",)),
+)
+_EMPTY = {c.name: None for c in COLUMNS}
 _SIGNAL = {"answer-gain": ("lh_gain", "lh_gain"), "implicit-prm": ("lh_q", "lh_reward")}
 """method -> (column compared with the threshold, column whose minimum is the fallback first error)."""
 
@@ -288,6 +309,7 @@ class LikelihoodStage(LabelerStage):
     required_columns = ("id", "prompt", "steps", "step_separator", "reference_answer", "outcome_correct")
     optional_columns = CONVERSATION_STEP_COLUMNS  # checked against the steps (gold-action prefixes hold them)
     default_chunk_size = 64
+    columns = COLUMNS
     grades_answers = False
     tokens_kind = "scored"  # prompt tokens prefilled, nothing is generated
 
@@ -338,9 +360,6 @@ class LikelihoodStage(LabelerStage):
             if not r.get("error") and not isinstance(r.get("step_separator"), str):
                 raise InputError(path, "expected a string (how the steps are joined)", row=first_row + k,
                                  column="step_separator")
-
-    def output_schema(self, input_schema):
-        return extend_schema(input_schema, LH_FIELDS)
 
     def open(self) -> None:
         if self.reference_spec is None:

@@ -42,16 +42,38 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any
 
+import pyarrow as pa
+
+from stepkit.columns import Column
 from stepkit.engines.base import EngineSpec, Request, SamplingConfig
 from stepkit.errors import RowError
 from stepkit.grading.answers import extract_final_answer
 from stepkit.grading.verdicts import labels_from_first_error
 from stepkit.options import Config, opt
 from stepkit.prompts import CONTINUATION, PromptTemplate, render_continuation
-from stepkit.schema import LABELER_REQUIRED, MC_FIELDS, extend_schema
+from stepkit.schema import LABELER_REQUIRED
 from stepkit.stage import LabelerStage
 
 MODES = ("exhaustive", "binary")
+
+_INT, _FLOAT, _BOOL = pa.list_(pa.int32()), pa.list_(pa.float32()), pa.list_(pa.bool_())
+COLUMNS = (  # per step s: the prefix that ends with step s (i = s + 1)
+    Column("mc_rollouts", _INT, "continuations run from the prefix", per_step=True),
+    Column("mc_successes", _INT, "continuations whose final answer is equivalent to the reference", per_step=True),
+    Column("mc_truncated", _INT, "continuations cut off by max_tokens (out of the denominator)", per_step=True),
+    Column("mc_value", _FLOAT, "successes / (rollouts - truncated), the last step's the graded outcome; null: not "
+           "estimated", per_step=True, role="value", scale="unit", status="mc_status"),
+    Column("mc_label", _BOOL, "hard label: value > 0 (Math-Shepherd's hard estimate), or inferred by the binary "
+           "search", per_step=True, role="label", status="mc_status"),
+    Column("mc_estimated", _BOOL, "the value is known (continuations run, or the graded last step)", per_step=True),
+    Column("mc_progress", _FLOAT, "v_i - v_(i-1), PAV's progress", per_step=True, role="value", scale="difference",
+           status="mc_status"),
+    Column("mc_value_start", pa.float32(), "v_0: the value of the bare problem (K continuations)"),
+    Column("mc_first_error", pa.int32(), "0-based index of the first step whose value is 0, -1 if none",
+           role="first_error", status="mc_status"),
+    Column("mc_status", pa.string(), "ok; no_signal: no continuation succeeded (labels say nothing); ungraded: no "
+           "graded outcome", role="status", values=("ok", "no_signal", "ungraded"), no_labels=("no_signal", "ungraded")),
+)
 
 
 @dataclass(frozen=True)
@@ -156,7 +178,7 @@ def label_row(n_steps: int, outcome_correct: bool, est: dict[int, PrefixEstimate
     }
 
 
-_EMPTY = {f.name: None for f in MC_FIELDS}
+_EMPTY = {c.name: None for c in COLUMNS}
 
 
 class MCLabelStage(LabelerStage):
@@ -173,6 +195,7 @@ class MCLabelStage(LabelerStage):
     name = "mc-label"
     required_columns = LABELER_REQUIRED
     default_chunk_size = 16
+    columns = COLUMNS
 
     def __init__(self, cfg: MCLabelConfig, engine: EngineSpec, sampling: SamplingConfig, checker_factory=None,
                  template: PromptTemplate = CONTINUATION):
@@ -182,9 +205,6 @@ class MCLabelStage(LabelerStage):
     # -- runner interface -------------------------------------------------------------------------
     def config(self) -> dict[str, Any]:
         return {**super().config(), "prompt_template": {"version": self.template.version, "hash": self.template.hash()}}
-
-    def output_schema(self, input_schema):
-        return extend_schema(input_schema, MC_FIELDS)
 
     # -- the method ---------------------------------------------------------------------------------
     def process(self, rows: list[dict]) -> tuple[list[dict], dict[str, int]]:

@@ -44,10 +44,10 @@ prefix is a proper prefix of its own):
   before it is a node of value > 0; -1 for a correct path with no zero; null when the search did not
   reach the path or the problem was not searched) and ``mcts_status`` (``ok``, ``all_correct``, ``all_wrong``,
   ``no_signal``, ``ungraded`` for a truncated seed).
-* ``--tree-out``: one row per node (:data:`stepkit.schema.MCTS_NODE_FIELDS`).
+* ``--tree-out``: one row per node (:data:`NODE_SCHEMA`).
 * ``--pairs-out``: two children of one node whose values differ by at least ``--pair-margin``:
   ``prefix_steps`` (the node's), ``chosen`` / ``rejected`` (the steps from it to each child), values and
-  counts (:data:`stepkit.schema.MCTS_PAIR_FIELDS`).
+  counts (:data:`PAIR_SCHEMA`).
 
 Scheduling: every problem of a chunk searches in its own coroutine and awaits the engine's
 asynchronous path (:meth:`stepkit.engines.base.Engine.agenerate`), so the engine batches all searches'
@@ -65,6 +65,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from stepkit.columns import Column, fields
 from stepkit.engines.base import EngineSpec, Request, SamplingConfig
 from stepkit.errors import ConfigError, InputError, RowError
 from stepkit.grading.answers import extract_final_answer
@@ -72,9 +73,6 @@ from stepkit.grading.steps import check_split, split_steps
 from stepkit.options import Config, opt
 from stepkit.prompts import CONTINUATION, PromptTemplate, render_continuation
 from stepkit.schema import (
-    MCTS_FIELDS,
-    MCTS_NODE_FIELDS,
-    MCTS_PAIR_FIELDS,
     PROBLEM_FIELDS,
     TRAJECTORY_FIELDS,
     check_columns,
@@ -85,6 +83,54 @@ from stepkit.stage import EngineStage, SideOutput
 from stepkit.stages.mc_label import FirstErrorSearch
 
 VALUES = ("own", "subtree")
+
+COLUMNS = (  # per step: the node whose prefix ends at that step (null: not a node)
+    Column("mcts_value", pa.list_(pa.float32()), "the node's value (own or subtree estimate, --value); the last "
+           "step's the graded outcome", per_step=True, role="value", scale="unit", status="mcts_status"),
+    Column("mcts_rollouts", pa.list_(pa.int32()), "continuations run from the node", per_step=True),
+    Column("mcts_successes", pa.list_(pa.int32()), "of them, correct", per_step=True),
+    Column("mcts_visits", pa.list_(pa.int32()), "times the search selected the node", per_step=True),
+    Column("mcts_label", pa.list_(pa.bool_()), "value > 0", per_step=True, role="label", status="mcts_status"),
+    Column("mcts_node_id", pa.list_(pa.string()), "the node whose prefix ends at the step (null: none)",
+           per_step=True),
+    Column("mcts_first_error", pa.int32(), "first step of value 0 where the tree pins it down, -1 for a correct "
+           "path with no zero, null where the search did not reach", role="first_error", status="mcts_status"),
+    Column("mcts_status", pa.string(), "ok, all_correct, all_wrong; no_signal, ungraded (no labels)", role="status",
+           values=("ok", "all_correct", "all_wrong", "no_signal", "ungraded"), no_labels=("no_signal", "ungraded")),
+)
+
+NODE_SCHEMA = pa.schema([  # --tree-out: one row per node (state)
+    pa.field("problem_id", pa.string()),
+    pa.field("node_id", pa.string()),
+    pa.field("parent_id", pa.string()),
+    pa.field("depth", pa.int32()),  # steps in the node's prefix
+    pa.field("step", pa.string()),  # the prefix's last step (null at the root)
+    pa.field("edge_steps", pa.list_(pa.string())),  # the steps from the parent's prefix to this one
+    pa.field("visits", pa.int32()),
+    pa.field("rollouts", pa.int32()),
+    pa.field("successes", pa.int32()),
+    pa.field("truncated", pa.int32()),
+    pa.field("value_own", pa.float32()),
+    pa.field("value_subtree", pa.float32()),
+])
+
+PAIR_SCHEMA = pa.schema([  # --pairs-out: step preference pairs (two children of one node)
+    pa.field("problem_id", pa.string()),
+    pa.field("prompt", pa.string()),
+    pa.field("node_id", pa.string()),
+    pa.field("prefix_steps", pa.list_(pa.string())),
+    pa.field("chosen", pa.list_(pa.string())),
+    pa.field("rejected", pa.list_(pa.string())),
+    pa.field("chosen_node_id", pa.string()),
+    pa.field("rejected_node_id", pa.string()),
+    pa.field("chosen_value", pa.float32()),
+    pa.field("rejected_value", pa.float32()),
+    pa.field("chosen_rollouts", pa.int32()),
+    pa.field("chosen_successes", pa.int32()),
+    pa.field("rejected_rollouts", pa.int32()),
+    pa.field("rejected_successes", pa.int32()),
+])
+_EMPTY = {c.name: None for c in COLUMNS}
 
 
 @dataclass(frozen=True)
@@ -343,6 +389,7 @@ class MCTSLabelStage(EngineStage):
     optional_columns = ("id", "steps")  # a trajectories shard's seeds
     _trajectories = False
     default_chunk_size = 8
+    columns = COLUMNS
     one_to_one = False
     group_by = "problem_id"
 
@@ -357,14 +404,14 @@ class MCTSLabelStage(EngineStage):
     def output_schema(self, input_schema: pa.Schema) -> pa.Schema:
         base = input_schema if "steps" in input_schema.names else pa.schema(
             TRAJECTORY_FIELDS + [f for f in PROBLEM_FIELDS if f.name == "reference_steps"])
-        return extend_schema(base, MCTS_FIELDS)
+        return extend_schema(base, fields(COLUMNS))
 
     def side_outputs(self) -> dict[str, SideOutput]:
         outs = {}
         if self.cfg.tree_out:
-            outs["tree"] = SideOutput(Path(self.cfg.tree_out), pa.schema(MCTS_NODE_FIELDS))
+            outs["tree"] = SideOutput(Path(self.cfg.tree_out), NODE_SCHEMA)
         if self.cfg.pairs_out:
-            outs["pairs"] = SideOutput(Path(self.cfg.pairs_out), pa.schema(MCTS_PAIR_FIELDS))
+            outs["pairs"] = SideOutput(Path(self.cfg.pairs_out), PAIR_SCHEMA)
         return outs
 
     def check_schema(self, schema, path):
@@ -584,4 +631,3 @@ class _EngineRowError(Exception):
     """The engine failed on one of a problem's requests: the problem's rows keep an error."""
 
 
-_EMPTY = {f.name: None for f in MCTS_FIELDS}

@@ -22,12 +22,13 @@ from typing import Any
 
 import pyarrow as pa
 
+from stepkit.columns import Column, fields
 from stepkit.engines.base import EngineSpec, Request, SamplingConfig
 from stepkit.errors import ConfigError, InputError, RowError, parse_failure
 from stepkit.grading.answers import extract_final_answer
 from stepkit.grading.steps import check_split, split_steps
 from stepkit.options import Config, check_field, field_names, opt
-from stepkit.schema import PROBLEM_FIELDS, ROLLOUT_FIELDS, TRAJECTORY_FIELDS, check_values
+from stepkit.schema import PROBLEM_FIELDS, TRAJECTORY_FIELDS, check_values
 from stepkit.shards import config_hash
 from stepkit.stage import EngineStage
 
@@ -173,8 +174,13 @@ def load_recipe(path: str | Path) -> dict[str, Any]:
     return doc
 
 
+COLUMNS = (
+    Column("rollout_finish_reason", pa.string(), "stop, length (cut off by max_tokens: not graded) or error"),
+    Column("rollout_prompt_tokens", pa.int32(), "tokens of the rendered prompt"),
+    Column("rollout_completion_tokens", pa.int32(), "tokens generated"),
+)
 OUTPUT_SCHEMA = pa.schema(TRAJECTORY_FIELDS + [f for f in PROBLEM_FIELDS if f.name == "reference_steps"]
-                          + ROLLOUT_FIELDS)
+                          + fields(COLUMNS))
 
 
 class RolloutStage(EngineStage):
@@ -192,6 +198,8 @@ class RolloutStage(EngineStage):
     name = "rollout"
     required_columns = ("problem_id", "prompt", "reference_answer")
     default_chunk_size = 32
+    columns = COLUMNS
+    keep_on_error = frozenset(c.name for c in COLUMNS)  # an engine error's finish reason is "error"
     one_to_one = False
 
     def __init__(self, cfg: RolloutConfig, engine: EngineSpec, sampling: SamplingConfig,
