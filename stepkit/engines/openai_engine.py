@@ -172,8 +172,9 @@ class OpenAIEngine(Engine):
                                     "local, else server].")
         per_request_seed: bool = opt(False, "--engine openai: send seed+i with request i (GPU servers only: it "
                                      "crashes vLLM CPU servers).")
-        max_retries: int = opt(6, "--engine openai: retries on connection errors, 429 and 5xx (exponential "
-                               "backoff).", min=0, identity=False)
+        max_retries: int = opt(6, "--engine openai: retries on connection errors, timeouts, HTTP 408/409/429/5xx "
+                               "and answers that are not completions (exponential backoff).", min=0,
+                               identity=False)
         timeout: float = opt(300.0, "--engine openai: seconds per request.", flag="--request-timeout", min=1,
                              identity=False)
 
