@@ -466,7 +466,7 @@ def judge_stage(checker):
 def likelihood_stage(checker):
     from stepkit.stages.likelihood import LikelihoodConfig, LikelihoodStage
 
-    # (the flat scorer: the echo scorer's search of the context for each token is quadratic in a long text)
+    # (the flat scorer: the values do not matter here, only what the stage reads)
     return LikelihoodStage(LikelihoodConfig(threshold=-1.0), EngineSpec.of(ScriptedEngine(scorer=flat_scorer)),
                            SAMPLING)
 

@@ -393,7 +393,7 @@ def test_exact_values_compare_exactly_in_the_pool(checker):
 
 def test_math_verify_chops_tiny_differences_stepkit_does_not():
     """The mechanism, pinned: math-verify's own numeric comparison calls 1/2^60 and 1/2^61 equal."""
-    from stepkit.grading import verify as v
+    from stepkit.grading import equivalence as v
 
     a, b = (parse(f"\\boxed{{{s}}}", parsing_timeout=None)[0] for s in TINY_DIFFERENT[0])
     assert v._MATH_VERIFY_NUMERIC_EQ(a, b, 6, 15) is True

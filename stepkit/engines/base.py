@@ -36,6 +36,16 @@ from stepkit.errors import ConfigError, StepkitError
 from stepkit.options import Config, check_field, identity, opt
 
 
+class EngineUnavailable(StepkitError):
+    """The engine's server is unreachable or keeps failing after all retries (one-line message).
+
+    Raised by a remote engine (:class:`stepkit.engines.openai_engine.OpenAIEngine`) from ``generate``,
+    ``score`` and server-side chat rendering, and by the future ``submit`` returns. Nothing of the call is
+    returned; the runner lets it propagate, so the chunk in flight is not committed and rerunning the
+    command after restarting the server resumes from that chunk.
+    """
+
+
 @dataclass(frozen=True)
 class SamplingConfig(Config):
     """Sampling parameters, always explicit (vLLM's own default ``max_tokens=16`` is never used).

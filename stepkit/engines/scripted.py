@@ -13,8 +13,10 @@ down so tests can kill a run mid-shard.
 Scoring (:meth:`ScriptedEngine.score`): the text is split into tokens by :func:`scripted_tokens` (a word
 with its leading space, a run of punctuation, a run of whitespace) and a *scorer*
 ``scorer(context, token) -> logprob`` gives each token's log-probability from the text before it.
-:func:`echo_scorer` (the default) makes values known exactly: ``-0.5`` for a token already seen in the
-context, ``-3.0`` otherwise; ``scripted:flat`` scores every token ``-2.0`` (a reference model).
+:data:`echo_scorer` (the default) makes values known exactly: ``-0.5`` for a token already seen in the
+context, ``-3.0`` otherwise; ``scripted:flat`` scores every token ``-2.0`` (a reference model). Both also
+score a whole text at once in time linear in its length (``over_text``); a plain function given as
+``scorer`` is called with each token's context ``text[:a]``, which is quadratic in a long text.
 """
 
 from __future__ import annotations
@@ -45,15 +47,85 @@ def scripted_tokens(text: str) -> list[tuple[int, int]]:
 SEEN_LOGPROB, UNSEEN_LOGPROB, FLAT_LOGPROB = -0.5, -3.0, -2.0
 
 
-def echo_scorer(context: str, token: str) -> float:
+def first_occurrence_ends(text: str) -> Callable[[str], int | None]:
+    """A function ``end(s)``: the end (exclusive) of the first occurrence of ``s`` in ``text``, or None when
+    ``s`` does not occur; so ``s in text[:a]`` is ``end(s) is not None and end(s) <= a``.
+
+    Built as the suffix automaton of ``text`` (Blumer et al. 1985, "The smallest automaton recognizing
+    the subwords of a text"), each state keeping the end of its strings' first occurrence: building takes
+    time linear in ``len(text)``, and ``end(s)`` time linear in ``len(s)``, however long the text.
+    """
+    nxt: list[dict[str, int]] = [{}]
+    link, length, first = [-1], [0], [-1]
+    last = 0
+    for i, ch in enumerate(text):
+        cur = len(nxt)
+        nxt.append({})
+        link.append(0)
+        length.append(length[last] + 1)
+        first.append(i)
+        p = last
+        while p != -1 and ch not in nxt[p]:
+            nxt[p][ch] = cur
+            p = link[p]
+        if p != -1:
+            q = nxt[p][ch]
+            if length[p] + 1 == length[q]:
+                link[cur] = q
+            else:
+                clone = len(nxt)
+                nxt.append(dict(nxt[q]))
+                link.append(link[q])
+                length.append(length[p] + 1)
+                first.append(first[q])
+                while p != -1 and nxt[p].get(ch) == q:
+                    nxt[p][ch] = clone
+                    p = link[p]
+                link[q] = link[cur] = clone
+        last = cur
+
+    def end(s: str) -> int | None:
+        state = 0
+        for ch in s:
+            state = nxt[state].get(ch)
+            if state is None:
+                return None
+        return first[state] + 1 if s else 0
+
+    return end
+
+
+class EchoScorer:
     """``-0.5`` nats when ``token`` (stripped) already occurs in ``context``, else ``-3.0``: an answer the
     prefix has written scores well (a known-value stand-in for a likelihood)."""
-    return SEEN_LOGPROB if token.strip() and token.strip() in context else UNSEEN_LOGPROB
+
+    def __call__(self, context: str, token: str) -> float:
+        return SEEN_LOGPROB if token.strip() and token.strip() in context else UNSEEN_LOGPROB
+
+    def over_text(self, text: str, spans: list[tuple[int, int]]) -> list[float]:
+        """``[self(text[:a], text[a:b]) for a, b in spans]``, in time linear in ``len(text)`` and the spans'
+        length (:func:`first_occurrence_ends`; no context is sliced)."""
+        end = first_occurrence_ends(text)
+        out = []
+        for a, b in spans:
+            word = text[a:b].strip()
+            at = end(word) if word else None
+            out.append(SEEN_LOGPROB if at is not None and at <= a else UNSEEN_LOGPROB)
+        return out
 
 
-def flat_scorer(context: str, token: str) -> float:
+class FlatScorer:
     """Every token ``-2.0`` nats (``scripted:flat``: a stand-in reference model)."""
-    return FLAT_LOGPROB
+
+    def __call__(self, context: str, token: str) -> float:
+        return FLAT_LOGPROB
+
+    def over_text(self, text: str, spans: list[tuple[int, int]]) -> list[float]:
+        return [FLAT_LOGPROB] * len(spans)
+
+
+echo_scorer = EchoScorer()
+flat_scorer = FlatScorer()
 
 
 def echo_policy(prompt: str, j: int, n: int) -> str:
@@ -191,10 +263,13 @@ class ScriptedEngine(Engine):
             if self.max_len is not None and len(ids) > self.max_len:
                 out.append(f"prompt too long: {len(ids)} tokens, max_model_len {self.max_len}")
                 continue
-            offsets = self.tokenizer(text)
-            out.append([None] + [self.scorer(text[:a], text[a:b]) for a, b in offsets[1:]])
+            spans = self.tokenizer(text)[1:]
+            over_text = getattr(self.scorer, "over_text", None)
+            if over_text is not None:  # linear in the text's length
+                out.append([None] + over_text(text, spans))
+            else:  # a plain scorer function: each token's context sliced (quadratic in a long text)
+                out.append([None] + [self.scorer(text[:a], text[a:b]) for a, b in spans])
         return out
-
 
     def render_chat(self, messages: list[dict[str, str]]) -> str:
         return "".join(f"<|{m['role']}|>\n{m['content']}\n" for m in messages) + "<|assistant|>\n"

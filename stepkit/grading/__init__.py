@@ -1,28 +1,39 @@
-"""Answer extraction, math-verify answer checking, and step splitting (see design.md, "Answer checking")."""
+"""Answer extraction, answer equivalence and the answer checker, step splitting, judge verdicts (see
+design.md, "Answer checking").
 
-from stepkit.grading.answers import extract_final_answer, extract_gsm8k_reference, strip_calculator_annotations
-from stepkit.grading.steps import (
-    join_steps,
-    parse_tagged_steps,
-    render_prefix,
-    shepherd_labels_to_bool,
-    split_joined,
-    split_steps,
-)
-from stepkit.grading.verify import AnswerChecker, checker_settings, grade_text, verify_answer
+Importing this package (or any of its modules but :mod:`stepkit.grading.equivalence`) loads no sympy or
+math-verify: the names below are imported from their modules when first asked for (PEP 562).
 
-__all__ = [
-    "AnswerChecker",
-    "checker_settings",
-    "extract_final_answer",
-    "extract_gsm8k_reference",
-    "grade_text",
-    "join_steps",
-    "parse_tagged_steps",
-    "render_prefix",
-    "shepherd_labels_to_bool",
-    "split_joined",
-    "split_steps",
-    "strip_calculator_annotations",
-    "verify_answer",
-]
+* :mod:`~stepkit.grading.answers`: final-answer extraction; :mod:`~stepkit.grading.steps`: step splitting;
+* :mod:`~stepkit.grading.settings`: the checker's pinned numeric settings (``checker_settings``);
+* :mod:`~stepkit.grading.equivalence`: math-verify equivalence (``verify_answer``), in-process;
+* :mod:`~stepkit.grading.verify`: the answer checker's process pool (``AnswerChecker``, ``grade_text``).
+"""
+
+from __future__ import annotations
+
+import importlib
+
+_HOMES = {
+    "extract_final_answer": "answers",
+    "extract_gsm8k_reference": "answers",
+    "strip_calculator_annotations": "answers",
+    "join_steps": "steps",
+    "parse_tagged_steps": "steps",
+    "render_prefix": "steps",
+    "shepherd_labels_to_bool": "steps",
+    "split_joined": "steps",
+    "split_steps": "steps",
+    "checker_settings": "settings",
+    "verify_answer": "equivalence",
+    "AnswerChecker": "verify",
+    "grade_text": "verify",
+}
+
+__all__ = sorted(_HOMES)
+
+
+def __getattr__(name: str):
+    if name in _HOMES:
+        return getattr(importlib.import_module(f"stepkit.grading.{_HOMES[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -51,6 +51,21 @@ _NUMBER_UNITS = re.compile(r"(?P<num>-?(?:\d[\d,]*)?(?:\.\d+)?)(?:\s+(?!pi\b)[A-
 _MATH_WORDS = frozenset({"pi", "infinity", "inf", "sqrt", "mod", "and", "or"})
 # After a comma or a top-level "and"/"or", what continues a list of answers ("1331 and 1728", "3, 4").
 _LIST_CONTINUES = re.compile(r"[ \t]*(?:-|\+|\$|\\|\(|\[|\{|\d|(?!I\b)[A-Za-z](?![A-Za-z]))")
+# A number as a sentence writes it: "18", "-3", "1,250", "7.00" (not a digit of a word: "5th", "x2").
+_NUMBER = re.compile(r"(?<![\w.,])(?:-(?=\d))?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?![\w])")
+# A number stated as a result: right after "=" (through "$", "\$", "\(", emphasis).
+_RESULT = re.compile(r"=[ \t]*(?:\\\(|\\\[|\\?\$|[*_]{1,2})*[ \t]*((?:-(?=\d))?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?)")
+# A trailing unit in LaTeX ("40 \text{ cubic inches}", "5 \mbox{cm}^2"): letters only.
+_LATEX_UNIT = re.compile(r"\\(?:text|mbox|mathrm)\s*\{[^{}\d]*\}(?:\^\{?\d\}?)?\s*$")
+# Mathematics in an answer: a LaTeX command (not the escaped currency sign "\$"), an operator, a brace.
+_MATH_SIGN = re.compile(r"\\(?!\$)|[\^=+*/<>|_{}]")
+# A prose word in an answer: three or more letters.
+_PROSE_WORD = re.compile(r"(?<![A-Za-z])[A-Za-z]{3,}")
+_DIGITS = re.compile(r"\d")
+# A span in bold, "**12 tomatoes**" (what a concluding sentence emphasises is its result).
+_BOLD = re.compile(r"\*\*([^*\n]{1,200})\*\*")
+# How far back the concluding statement of a text without an answer phrase is looked for.
+_STATEMENT_CHARS = 2_000
 
 
 def find_boxes(text: str) -> list[tuple[int, int, int, bool]]:
@@ -205,15 +220,136 @@ def _clean(ans: str) -> str:
     if ans.startswith("\\(") and ans.endswith("\\)"):
         ans = ans[2:-2]
     ans = ans.strip().rstrip(" .").strip("*_").strip()
+    if ans.startswith("\\") and ans[1:2].isdigit():  # "\15": a currency sign whose "$" was lost
+        ans = ans[1:]
     m = _NUMBER_UNITS.fullmatch(ans)
     if m and m.group("num").lstrip("-"):
         ans = m.group("num")
+    unit = _LATEX_UNIT.search(ans)
+    if unit and _NUMBER.fullmatch(ans[: unit.start()].rstrip()):  # "40 \text{ cubic inches}"
+        ans = ans[: unit.start()].rstrip()
+    ans = _sentence_number(ans)
     if _PLAIN_NUMBER.fullmatch(ans):
         ans = ans.replace(",", "")
     digits = ans.lstrip("-")
     if len(digits) > 1 and digits.isdigit() and digits.isascii() and digits[0] == "0":  # AIME "004" -> "4"
         ans = ans[: len(ans) - len(digits)] + (digits.lstrip("0") or "0")
     return ans
+
+
+def _sentence_number(ans: str) -> str:
+    """The number of an answer written as a sentence around it ("Verna received $7.00 in change" ->
+    ``7.00``): a word of three letters or more (not ``inf``, ``and``, ...), exactly one number, and no
+    mathematics (no LaTeX command, operator or brace: ``x^2 + xy`` and ``5 \\sqrt{2} units`` stay).
+    Any other answer is returned unchanged ("4 blue boxes and 6 red boxes" has two numbers)."""
+    if _MATH_SIGN.search(ans) or not any(w.lower() not in _MATH_WORDS for w in _PROSE_WORD.findall(ans)):
+        return ans
+    numbers = _NUMBER.findall(ans)
+    if len(numbers) != 1 or len(_DIGITS.findall(ans)) != len(_DIGITS.findall(numbers[0])):
+        return ans
+    return numbers[0].replace(",", "")
+
+
+def _math_segments(text: str, start: int, end: int) -> tuple[int, list[tuple[int, int, int, int]]]:
+    r"""One pass over ``text[start:end]`` tracking math mode (``$``, ``$$``, ``\(``, ``\[``; a ``$`` with no
+    partner on its line is a currency sign, as in ``_phrase``). Returns where the last sentence starts (after
+    the last top-level line break, sentence end or display math block that is not the text's own end) and
+    the math segments as (open, content start, content end, close end)."""
+    sentence, segments, i = start, [], start
+    while i < end:
+        c = text[i]
+        if c == "\\" and i + 1 < end:
+            if text[i + 1] in "([":
+                closer = "\\)" if text[i + 1] == "(" else "\\]"
+                close = text.find(closer, i + 2, end)
+                if close < 0:
+                    return sentence, segments
+                segments.append((i, i + 2, close, close + 2))
+                i = close + 2
+                if closer == "\\]" and _skip_markup(text, i, end) < end:  # display math ends a sentence
+                    sentence = i
+            else:
+                i += 2
+            continue
+        if c == "$":
+            delim = "$$" if text.startswith("$$", i) else "$"
+            line_end = text.find("\n", i + len(delim), end)
+            close = text.find(delim, i + len(delim), end if line_end < 0 or delim == "$$" else line_end)
+            while close > 0 and text[close - 1] == "\\":  # an escaped "\$" closes nothing
+                close = text.find(delim, close + 1, end if line_end < 0 or delim == "$$" else line_end)
+            if close >= 0:
+                segments.append((i, i + len(delim), close, close + len(delim)))
+                i = close + len(delim)
+                if delim == "$$" and _skip_markup(text, i, end) < end:  # display math ends a sentence
+                    sentence = i
+                continue
+        elif c in "\r\n" or (c in ".!?" and _sentence_end(text, i, end)):
+            if _skip_markup(text, i + 1, end) < end:  # the text's own final period ends no sentence before it
+                sentence = i + 1
+        i += 1
+    return sentence, segments
+
+
+def _concluding_statement(text: str) -> str:
+    r"""The result stated by the last sentence of a text that has no answer phrase or box, or "".
+
+    ProcessBench's and other model solutions often end with a sentence such as "Therefore, the rope is 20
+    centimeters long." or "Thus, \( b = 3 \)." The last sentence is read when it is a complete statement
+    (it ends with ``.``/``!`` or a closing math delimiter, not ``?``) and states one result:
+
+    * it ends with math holding an equation: the right-hand side of its last ``=`` (``b = 3`` -> ``3``,
+      ``20 \times 2 = 40 \text{ inches}`` -> ``40``);
+    * else the one span it sets in bold (``**12 tomatoes**`` -> ``12``, ``facing **west**`` -> ``west``);
+    * else the one number it holds (``$8``, ``20 centimeters``, ``\(\$440\)``); with several, the one
+      the text states as a result (after an ``=``) when exactly one is ("34 hours ... in 4 weeks", after
+      "= 34 \text{ hours}").
+
+    Anything else (no number, several candidates, a question, a cut-off sentence) states no answer.
+    Only the last ``_STATEMENT_CHARS`` characters are read, from a paragraph or line start.
+    """
+    end = len(text.rstrip())
+    if end == 0:
+        return ""
+    start = max(0, end - _STATEMENT_CHARS)
+    if start:
+        cut = text.find("\n\n", start, end)
+        cut = cut if cut >= 0 else text.find("\n", start, end)
+        start = cut + 1 if cut >= 0 else start
+    sentence, segments = _math_segments(text, start, end)
+    tail = text[sentence:end].rstrip("*_ \t")
+    if not tail or not (tail[-1] in ".!" or tail.endswith(("$", "\\)", "\\]"))):
+        return ""
+    segments = [seg for seg in segments if seg[0] >= sentence]
+    if segments and not text[segments[-1][3]:end].strip(" \t*_.!"):
+        content = text[segments[-1][1]:segments[-1][2]]
+        parts = _top_level_split(content, "=")
+        if len(parts) > 1 and parts[-1].strip():
+            return _clean(parts[-1])
+    bold = _BOLD.findall(text, sentence, end)
+    if len(bold) == 1 and _clean(bold[0]):
+        return _clean(bold[0])
+    values = {}
+    for m in _NUMBER.finditer(text, sentence, end):
+        values.setdefault(m.group().replace(",", "").rstrip("0").rstrip(".") if "." in m.group()
+                          else m.group().replace(",", ""), m.group().replace(",", ""))
+    if len(values) > 1:
+        stated = {m.group(1).replace(",", "") for m in _RESULT.finditer(text, start, sentence)}
+        values = {k: v for k, v in values.items() if v in stated}
+    return next(iter(values.values())) if len(values) == 1 else ""
+
+
+def _top_level_split(text: str, sep: str) -> list[str]:
+    """``text`` split at ``sep`` outside braces."""
+    parts, depth, last = [], 0, 0
+    for i, c in enumerate(text):
+        if c == "{":
+            depth += 1
+        elif c == "}":
+            depth = max(0, depth - 1)
+        elif c == sep and depth == 0 and text[i - 1 : i] not in ("<", ">", "!", "\\"):
+            parts.append(text[last:i])
+            last = i + 1
+    return parts + [text[last:]]
 
 
 def _tail(text: str) -> str:
@@ -242,7 +378,12 @@ def extract_final_answer(text: str) -> str | None:
     The answer is cleaned: box content taken if the captured phrase holds a box, trailing period and
     ``$`` stripped, a leading ``$``/``\$`` currency sign dropped, thousands separators removed from plain
     numbers ("1,000" -> "1000"), leading zeros dropped from integers ("004" -> "4"), trailing unit words
-    after a plain number dropped ("18 dollars" -> "18"). LaTeX is kept as is.
+    after a plain number dropped ("18 dollars" -> "18", "40 \text{ inches}" -> "40"), an answer written as
+    a sentence around one number reduced to it ("Verna received $7.00 in change" -> "7.00"), a backslash
+    before a digit dropped ("\15", a currency sign that lost its "$"). LaTeX is kept as is.
+
+    A text with none of these patterns gives the result its last sentence states, when it states one
+    (``_concluding_statement``: "Therefore, the rope is 20 centimeters long." -> ``20``).
 
     Only the last ``TAIL_CHARS`` characters are searched; the work is linear in their length.
 
@@ -265,7 +406,7 @@ def extract_final_answer(text: str) -> str | None:
         if ans:
             return ans
         bound = min(bound, start)
-    return None
+    return _concluding_statement(text) or None
 
 
 def strip_calculator_annotations(text: str) -> str:

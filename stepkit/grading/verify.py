@@ -1,4 +1,5 @@
-"""Math-aware answer checking with math-verify, in a spawned process pool with a wall-clock timeout.
+"""The answer checker: equivalence checks (:mod:`stepkit.grading.equivalence`) in a spawned process pool,
+each with a wall-clock timeout.
 
 Why a process pool: math-verify's own timeouts use ``signal.alarm``, which raises "signal only works in
 main thread" when called from a thread (case ``mv-signal-timeout-in-threads``), and a pathological
@@ -7,422 +8,62 @@ expression can keep sympy busy for minutes. Workers run with math-verify's timeo
 ``timeout`` seconds and kills and rebuilds a stuck pool. The pool uses the *spawn* context, because the
 caller may hold vLLM threads, and forking a threaded process is unsafe.
 
-Exact numbers compare exactly. math-verify decides ``a == b`` for two unevaluated numbers by evaluating
-``a - b`` at ``numeric_precision`` digits with ``chop=True`` (``math_verify.grader.sympy_numeric_eq``),
-which sets any difference below about 10^-15 to zero: 1/2^60 "equals" 1/2^61 and 1/20! "equals" 1/21!.
-This module replaces that step, for every comparison math-verify makes (top level, tuples, intervals,
-sets, relations), by ``exact_numbers_equal`` when neither side is written with a decimal: rational
-values in exact arithmetic, irrational ones by sympy's adaptive evaluation with a relative tolerance
-(``EXACT_DIGITS``). A number written with a decimal keeps the rounding rule of ``FLOAT_ROUNDING``.
+Importing this module is light: sympy and math-verify are imported by the workers only (the tasks sent to
+them are this module's ``_check_pair``/``_check_gold``, which import the equivalence module there), and
+the pool starts on the first check, so a stage that never grades pays nothing for its checker.
 
-All numeric settings are pinned here, in one place, and recorded in manifests via ``checker_settings()``.
+The equivalence functions stay importable from here (``from stepkit.grading.verify import verify_answer``
+imports :mod:`stepkit.grading.equivalence` on first use); the settings are
+:mod:`stepkit.grading.settings`.
 """
 
 from __future__ import annotations
 
-import functools
-import logging
 import multiprocessing
 import os
-import re
 import threading
 import time
 from collections import deque
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
-from importlib.metadata import version
-
-from math_verify import LatexExtractionConfig, parse, verify
-from math_verify import grader as _mv_grader
-from sympy import Add, Basic, Expr, Float, MatrixBase, Mul, Pow, Rational, S, UnevaluatedExpr, binomial, factorial
-from sympy.core.evalf import PrecisionExhausted
-from sympy.core.relational import Relational
-from sympy.logic.boolalg import And
 
 from stepkit.errors import ConfigError, StepkitError
 from stepkit.grading.answers import extract_final_answer
-from stepkit.grading.values import BIG_INT_DIGITS, big_int_strings, quote
+from stepkit.grading.settings import FLOAT_ROUNDING, NUMERIC_PRECISION, checker_settings
+from stepkit.grading.values import quote
 
-# Floats are compared at d = max(FLOAT_ROUNDING, decimals written in the prediction, decimals written in
-# a decimal gold) places: the prediction counts when it equals the gold rounded to d places,
-# |pred - gold| <= 0.5 * 10^-d. So 1/3 matches 0.333333 (d = 6), 0.33 does not, and 0.0000001 vs
-# 0.0000002 compares at 7 places and is False (case mv-float-rounding-false-positive). The comparison is
-# never finer than NUMERIC_PRECISION significant digits (relative tolerance 10^-(NUMERIC_PRECISION - 1)),
-# the precision of a float64 printed by a program: 2/3 matches 0.6666666666666666 and sqrt(2) matches
-# 1.4142135623730951 although neither is the correctly rounded 16-place decimal.
-FLOAT_ROUNDING = 6
-# Significant digits for numeric comparison (math-verify's default; also the float64 floor above).
-NUMERIC_PRECISION = 15
-# Exact numbers: a rational difference of at most EXACT_BITS bits (numerator and denominator) is computed
-# exactly; any other (irrational, or rational too large to compute) is zero when sympy's adaptive
-# evaluation cannot tell it from 0 with EXACT_DIGITS significant digits of its terms (a relative tolerance).
-EXACT_BITS = 10_000_000
-EXACT_DIGITS = 100
-# math-verify strict mode: variables matter (x+1 != y+1) and sets are not equal to tuples.
-STRICT = True
 # Seconds allowed for a new pool's workers to start and import sympy/math-verify.
 STARTUP_TIMEOUT = 120.0
 
-_FLOAT_ROUNDING_RULE = (
-    "a real-number pair with a decimal is equal when |pred - gold| <= max(0.5 * 10^-d, |gold| * "
-    "10^-(numeric_precision - 1)), d = max(float_rounding, decimal places written in pred or gold, where "
-    "m \\times 10^{-k} and mE-k are written to the places of m plus k); inside tuples/sets/intervals "
-    "math-verify rounds a bare decimal and its partner to d places, and a decimal in a product or sum "
-    "(2.5 \\cdot 10^{-20}, 0.5\\pi) follows the real-number rule"
-)
-_EXACT_RULE = (
-    "two numbers without a decimal (integers, fractions, powers, factorials, radicals, constants, their "
-    "products) are equal only when their difference is 0: exactly when it is rational (at most "
-    f"{EXACT_BITS} bits), else when sympy cannot tell it from 0 at {EXACT_DIGITS} significant digits of its "
-    "terms; never by rounding or chopping both to fixed decimal places"
-)
-_WHOLE_RULE = (
-    "each answer is parsed as one expression, \\boxed{answer} with outer $...$/\\(...\\)/\\[...\\]/\\boxed{} "
-    "removed (LaTeX extraction only); a prediction with inner math delimiters is compared as the whole text "
-    "without them, a gold with them is a ConfigError; an answer whose parse lost digits or kept only the "
-    "last part of an equation chain is False (prediction) or a ConfigError (gold)"
-)
-_LATEX_ONLY = [LatexExtractionConfig()]
-_UNESCAPED_DOLLAR = re.compile(r"(?<!\\)\$")
-# Math-mode delimiters: unescaped $ or $$, \( \) \[ \].
-_MATH_DELIM = re.compile(r"(?<!\\)(?:\$\$?|\\[()\[\]])")
-_BOX_OPEN = re.compile(r"\\(?:boxed|fbox)\s*\{")
-_CURRENCY = re.compile(r"(?<!\\)\$(?=\s*[\d.])")
-# A decimal, with the power of ten it is multiplied by: "2.5", "2.5 \times 10^{-20}", "2.5E-20".
-_DECIMALS = re.compile(
-    r"\d*\.(\d+)(?:\s*(?:\\times|\\cdot|\*|×)\s*10\s*\^\s*(?:\{\s*([+-]?\d+)\s*\}|([+-]?\d))|[eE]([+-]?\d+))?"
-)
-_DIGITS = re.compile(r"\d")
-_DIGIT_RUN = re.compile(r"\d+")
-# Unit text such as "\mbox{ inches}^2": its exponent is dropped by math-verify and is not a lost number
-# (text with digits, "\text{ (or 20)}", is not a unit: losing it is losing a number).
-_UNIT = re.compile(r"\\(?:text|mbox|mathrm)\s*\{[^{}\d]*\}(?:\^\{?\d+\}?)?")
-# math-verify's own split of an equation chain (math_verify.parser.equation_split_regex).
-_EQ_SPLIT = re.compile(r"(?<!\\|<|!|>)=")
+# Names of the equivalence module (and its settings) that stay importable from here, loaded on first use.
+_EQUIVALENCE_NAMES = frozenset({
+    "verify_answer", "gold_problem", "wrap_answer", "whole_answer", "exact_numbers_equal",
+    "EXACT_BITS", "EXACT_DIGITS", "STRICT",
+})
 
 
-class _DropTimeoutDisabledWarning(logging.Filter):
-    """math-verify warns once per process that its timeouts are off; that is deliberate here."""
+def __getattr__(name: str):
+    """``verify_answer``, ``gold_problem``, ``whole_answer``, ... from :mod:`stepkit.grading.equivalence`,
+    imported when first asked for (PEP 562), so that importing this module loads no sympy."""
+    if name in _EQUIVALENCE_NAMES:
+        from stepkit.grading import equivalence
 
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not record.getMessage().startswith("Timeout is disabled")
-
-
-for _name in ("math_verify.grader", "math_verify.parser"):
-    logging.getLogger(_name).addFilter(_DropTimeoutDisabledWarning())
-
-
-def checker_settings(
-    float_rounding: int = FLOAT_ROUNDING, numeric_precision: int = NUMERIC_PRECISION
-) -> dict:
-    """The answer checker's settings, for run manifests (includes math-verify's version)."""
-    return {
-        "checker": "math-verify",
-        "math_verify_version": version("math-verify"),
-        "float_rounding": float_rounding,
-        "float_rounding_rule": _FLOAT_ROUNDING_RULE,
-        "numeric_precision": numeric_precision,
-        "exact_rule": _EXACT_RULE,
-        "strict": STRICT,
-        "wrap": r"\boxed{...} unless the answer already has $...$ or \boxed",
-        "whole_answer_rule": _WHOLE_RULE,
-    }
+        return getattr(equivalence, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def wrap_answer(answer: str) -> str:
-    r"""Wrap a bare answer as ``\boxed{answer}`` so math-verify parses all of it.
+def _check_pair(gold: str, pred: str, float_rounding: int, numeric_precision: int) -> bool:
+    """Worker task: ``verify_answer`` (imported in the worker, never in the parent)."""
+    from stepkit.grading.equivalence import verify_answer
 
-    Unwrapped, math-verify parses bare LaTeX only up to its last simple number: ``1 - \sqrt{2}`` becomes
-    ``1`` and ``1331 and 1728`` becomes ``1728`` (case ``mv-unwrapped-gold-truncated``). Answers that
-    already contain unescaped ``$`` or ``\boxed`` are returned unchanged. (The checker itself goes further,
-    see ``whole_answer``.)
-    """
-    if _UNESCAPED_DOLLAR.search(answer) or "\\boxed" in answer:
-        return answer
-    return "\\boxed{" + answer + "}"
+    return verify_answer(gold, pred, float_rounding, numeric_precision)
 
 
-def _closing_brace(text: str, open_end: int) -> int:
-    """Index of the brace closing the one that ends at ``open_end`` (-1 if unclosed)."""
-    depth = 1
-    for m in re.compile(r"(?<!\\)[{}]").finditer(text, open_end):
-        depth += 1 if m.group() == "{" else -1
-        if depth == 0:
-            return m.start()
-    return -1
+def _check_gold(gold: str) -> str | None:
+    """Worker task: ``gold_problem`` (imported in the worker, never in the parent)."""
+    from stepkit.grading.equivalence import gold_problem
 
-
-def _balanced(text: str) -> bool:
-    depth = 0
-    for m in re.finditer(r"(?<!\\)[{}]", text):
-        depth += 1 if m.group() == "{" else -1
-        if depth < 0:
-            return False
-    return depth == 0
-
-
-def whole_answer(answer: str) -> tuple[str, bool]:
-    r"""The answer as one LaTeX expression for ``\boxed{...}``, and whether it mixed math and plain text.
-
-    Outer wrappers that enclose the whole answer (``$...$``, ``$$...$$``, ``\(...\)``, ``\[...\]``,
-    ``\boxed{...}``, ``\fbox{...}``) are removed, and a lone ``$`` before a number is a currency sign.
-    Math delimiters left inside (``$1$ - \sqrt{2}``, ``\boxed{1} - \sqrt{2}``) mean the answer *mixed*
-    delimited math with text outside it; math-verify would parse only the delimited piece, so they are
-    removed and the whole text is returned (``1 - \sqrt{2}``) with ``mixed=True``.
-    """
-    s = answer.strip()
-    while True:
-        for opener, closer in (("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]")):
-            if len(s) >= len(opener) + len(closer) and s.startswith(opener) and s.endswith(closer):
-                inner = s[len(opener) : len(s) - len(closer)]
-                if not _MATH_DELIM.search(inner) and not inner.endswith("\\"):
-                    s = inner.strip()
-                    break
-        else:
-            m = _BOX_OPEN.match(s)
-            if m and _closing_brace(s, m.end()) == len(s) - 1:
-                s = s[m.end() : -1].strip()
-                continue
-            break
-    if len(_UNESCAPED_DOLLAR.findall(s)) == 1 and _CURRENCY.search(s):
-        s = _CURRENCY.sub("", s, count=1).strip()
-    mixed = bool(_MATH_DELIM.search(s) or _BOX_OPEN.search(s))
-    if mixed:
-        s = " ".join(_BOX_OPEN.sub("{", _MATH_DELIM.sub(" ", s)).split())
-    return s, mixed
-
-
-def _is_relation(expr) -> bool:
-    return isinstance(expr, Relational) or (isinstance(expr, And) and all(
-        isinstance(a, Relational) for a in expr.args))
-
-
-def _parse_whole(answer: str, role: str) -> tuple[list | None, str | None]:
-    """Parse ``answer`` as one expression; returns (parsed, None) or (None, why it is unusable).
-
-    ``role`` is "gold" or "prediction": a gold that mixes delimited math with plain text is unusable
-    (it is ambiguous which part is meant); a prediction is compared as the whole text.
-    """
-    if answer is None or not str(answer).strip():
-        return None, f"empty {role} answer"
-    whole, mixed = whole_answer(str(answer))
-    if mixed and role == "gold":
-        return None, "mixes $...$/\\(...\\)/\\boxed{} math with text outside it: give it as plain LaTeX"
-    if not whole:
-        return None, f"empty {role} answer"
-    if not _balanced(whole):
-        return None, "has unbalanced braces"
-    if max(map(len, _DIGIT_RUN.findall(whole)), default=0) > BIG_INT_DIGITS:
-        return None, f"has a number of more than {BIG_INT_DIGITS:,} digits"
-    parsed = parse("\\boxed{" + whole + "}", extraction_config=_LATEX_ONLY, parsing_timeout=None)
-    if not parsed:
-        return None, "math-verify cannot parse it"
-    if not isinstance(parsed[0], (Basic, MatrixBase)):
-        return None, "math-verify parses it only as text, not as math"
-    matched = parsed[-1] if isinstance(parsed[-1], str) else str(parsed[0])
-    lost = len(_DIGITS.findall(matched)) < len(_DIGITS.findall(_UNIT.sub("", whole)))
-    chain = len(_EQ_SPLIT.split(matched)) > 2 and "," not in matched and ";" not in matched
-    if lost or (chain and not _is_relation(parsed[0])):
-        return None, f"math-verify parses only part of it ({quote(matched)})"
-    return parsed, None
-
-
-@functools.lru_cache(maxsize=4096)
-def _parse_gold(gold: str) -> list:
-    """Parse a gold answer; raise ConfigError when it is unusable (see ``gold_problem``)."""
-    parsed, why = _parse_whole(gold, "gold")
-    if why:
-        raise ConfigError(f"gold answer {quote(gold)} {why}")
-    return parsed
-
-
-def gold_problem(gold: str) -> str | None:
-    """One line saying why ``gold`` cannot be used as a reference answer, or None when it is fine.
-
-    Unusable: empty; mixing delimited math with plain text (``$1$ - \\sqrt{2}``); unbalanced braces;
-    unparseable, or parseable only as text; parsed from a strict part of itself (lost digits, or only the
-    last part of an equation chain); holding an integer of more than ``BIG_INT_DIGITS`` digits (shorter
-    ones parse whole, see ``stepkit.grading.values``). The gold is quoted shortened (``quote``), so the
-    reason stays one short line however long the gold is. Never raises for a bad gold; in-process, no
-    timeout.
-    """
-    try:
-        with big_int_strings():
-            _parse_gold(gold)
-    except ConfigError as e:
-        return str(e)
-    except Exception as e:  # noqa: BLE001 - a parser crash on a gold is a problem of that gold
-        return f"gold answer {quote(gold)}: math-verify failed: {type(e).__name__}: {quote(e)}"
-    return None
-
-
-def _decimals(text: str) -> int:
-    """Largest number of decimal places of a decimal written in ``text`` (0 if none).
-
-    ``m \\times 10^{e}``, ``m \\cdot 10^{e}`` and ``mEe`` count the places of ``m`` minus ``e``: the last
-    digit of ``2.5 \\times 10^{-20}`` is at the 21st place. A negative count (``1.5 \\times 10^{3}``) is 0.
-    """
-    places = 0
-    for m in _DECIMALS.finditer(text):
-        exp = next((g for g in m.groups()[1:] if g is not None), "0")
-        places = max(places, len(m.group(1)) - int(exp[:12]))
-    return places
-
-
-def _real_number(expr) -> bool:
-    """A real constant (no symbols, no percent sign, not a set/relation/matrix)."""
-    return isinstance(expr, Expr) and expr.is_number and expr.is_real is True and not expr.has(UnevaluatedExpr)
-
-
-def _numbers_agree(gold: Expr, pred: Expr, decimals: int, numeric_precision: int) -> bool:
-    """|pred - gold| <= max(0.5 * 10^-decimals, |gold| * 10^-(numeric_precision - 1)), in at least
-    50-digit arithmetic (see FLOAT_ROUNDING). ``gold`` may hold symbols that cancel in ``gold - pred``
-    (the two sides of relations); then the tolerance is the absolute term alone."""
-    digits = min(max(50, decimals + 20), 1000)
-    diff = abs((gold - pred).evalf(digits))
-    scale = abs(gold.evalf(digits)) if gold.is_number else 0
-    tol = max(Rational(1, 2) * Rational(10) ** -decimals, scale * Rational(10) ** -(numeric_precision - 1))
-    return bool(diff <= tol)
-
-
-def _exact_number(expr) -> bool:
-    """A finite constant written without a decimal or a percent sign (not a set, relation or matrix)."""
-    return (isinstance(expr, Expr) and expr.is_number and not expr.has(Float, UnevaluatedExpr)
-            and not expr.has(S.Infinity, S.NegativeInfinity, S.ComplexInfinity, S.NaN))
-
-
-def _rational_bits(expr) -> float:
-    """An upper bound on the bits of the numerator and denominator of ``expr``'s exact value, when it is
-    built from integers and fractions with sums, products, integer powers, factorials and binomials;
-    infinity for anything else (radicals, constants, functions) or a value too large to bound."""
-    if expr.is_Rational:
-        return expr.p.bit_length() + expr.q.bit_length()
-    if isinstance(expr, (Add, Mul)):
-        return sum(_rational_bits(a) for a in expr.args) + len(expr.args)
-    if isinstance(expr, Pow) and expr.exp.is_Integer and abs(expr.exp) <= EXACT_BITS:
-        base = _rational_bits(expr.base)
-        return base if base == float("inf") else abs(int(expr.exp)) * max(1, base)
-    if isinstance(expr, (factorial, binomial)) and all(a.is_Integer and 0 <= a <= EXACT_BITS for a in expr.args):
-        n = int(expr.args[0])
-        return n * max(1, n.bit_length())
-    return float("inf")
-
-
-def exact_numbers_equal(a: Expr, b: Expr) -> bool | None:
-    """Whether two exact numbers (no decimal, no percent; may be complex) are equal, or None when sympy
-    cannot evaluate their difference (the caller falls back to math-verify).
-
-    Method: the difference ``a - b`` in sympy. When it is rational and at most ``EXACT_BITS`` bits, it is
-    computed exactly (``doit``) and compared with 0, so ``2^{100}`` differs from ``2^{100}+1`` and
-    ``1/2^{60}`` from ``1/2^{61}``. Otherwise sympy's ``evalf`` with ``strict=True`` raises its working
-    precision until the difference has 15 correct significant digits: a value found is nonzero, so the
-    numbers differ however small it is (``e^{-40}`` vs ``e^{-41}``); a difference that stays
-    indistinguishable from 0 at ``EXACT_DIGITS`` digits of its terms is taken as 0 (``\\sqrt{2}+\\sqrt{3}``
-    vs ``\\sqrt{5+2\\sqrt{6}}``): a relative tolerance, used only where exact arithmetic is not available.
-    Never raises.
-    """
-    try:
-        diff = a - b
-        if not _exact_number(diff):
-            return None
-        if _rational_bits(diff) <= EXACT_BITS:
-            exact = diff.doit()
-            if exact.is_Rational:
-                return bool(exact == 0)
-        value = diff.evalf(15, strict=True, maxn=EXACT_DIGITS)
-    except PrecisionExhausted:
-        return True
-    except Exception:  # noqa: BLE001 - sympy could not evaluate it: leave the pair to math-verify
-        return None
-    re_part, im_part = value.as_real_imag()
-    if re_part.is_Number and im_part.is_Number:
-        return bool(re_part == 0 and im_part == 0)
-    return None
-
-
-_MATH_VERIFY_NUMERIC_EQ = _mv_grader.sympy_numeric_eq
-
-
-def _exact_numeric_eq(a, b, float_rounding: int, numeric_precision: int) -> bool:
-    """Stands in for ``math_verify.grader.sympy_numeric_eq`` (same arguments): exact numbers, and the
-    differences of expressions that are exact numbers (``x = 1/2^{60}`` vs ``x = 1/2^{61}``), are compared
-    by ``exact_numbers_equal``; a real-number difference involving a decimal inside a product or sum
-    (``2.5 \\cdot 10^{-20}``), which math-verify would chop at ``numeric_precision`` digits, by the rounding
-    rule of ``FLOAT_ROUNDING`` at ``float_rounding`` places. Everything else (a bare decimal, percentages,
-    matrices, symbols that do not cancel) goes to math-verify unchanged."""
-    if isinstance(a, Expr) and isinstance(b, Expr) and not (a.has(UnevaluatedExpr) or b.has(UnevaluatedExpr)):
-        try:
-            diff = a - b
-        except Exception:  # noqa: BLE001 - not subtractable: math-verify decides
-            diff = None
-        if diff is not None and not (a.has(Float) or b.has(Float)):
-            same = exact_numbers_equal(a, b) if _exact_number(diff) else None
-            if same is not None:
-                return same
-        elif diff is not None and _real_number(diff) and not (a.is_Number or b.is_Number):
-            try:
-                return _numbers_agree(a, b, float_rounding, numeric_precision)
-            except Exception:  # noqa: BLE001 - sympy could not evaluate it: math-verify decides
-                pass
-    return _MATH_VERIFY_NUMERIC_EQ(a, b, float_rounding, numeric_precision)
-
-
-# math-verify calls sympy_numeric_eq by its module-global name for every element it compares, so this one
-# assignment covers tuples, intervals, sets, matrices and relations as well as the top level.
-_mv_grader.sympy_numeric_eq = _exact_numeric_eq
-
-
-def verify_answer(
-    gold: str,
-    pred: str | None,
-    float_rounding: int = FLOAT_ROUNDING,
-    numeric_precision: int = NUMERIC_PRECISION,
-) -> bool:
-    """In-process check that an extracted answer ``pred`` is equivalent to ``gold`` (math-verify).
-
-    Each side is parsed as one whole expression (``whole_answer``, LaTeX extraction only), with
-    math-verify's signal timeouts disabled, so this is safe in any thread, but has no timeout: use
-    ``AnswerChecker`` for untrusted model output. A prediction that math-verify parses only in part
-    (digits lost, or only the last part of an equation chain kept) is False, never its part's value.
-    Real numbers involving a decimal are compared by the rounding rule of FLOAT_ROUNDING; two exact
-    numbers (no decimal) by ``exact_numbers_equal``; everything else by math-verify's ``verify`` with float
-    rounding ``max(float_rounding, decimal places written)``, whose numeric step for exact numbers is
-    ``exact_numbers_equal`` too (see the module docstring).
-
-    Integers of up to ``BIG_INT_DIGITS`` digits are parsed and compared whole (``big_int_strings``).
-
-    Returns:
-        True when equivalent; False when not, or when ``pred`` is None or does not parse whole.
-    Raises:
-        ConfigError: the gold answer is unusable (see ``gold_problem``).
-    """
-    with big_int_strings():
-        return _verify_answer(gold, pred, float_rounding, numeric_precision)
-
-
-def _verify_answer(gold: str, pred: str | None, float_rounding: int, numeric_precision: int) -> bool:
-    gold_parsed = _parse_gold(gold)
-    if pred is None or not str(pred).strip():
-        return False
-    pred_parsed, _ = _parse_whole(pred, "prediction")
-    if pred_parsed is None:
-        return False
-    decimals = max(float_rounding, _decimals(pred), _decimals(gold))
-    g, p = gold_parsed[0], pred_parsed[0]
-    if _real_number(g) and _real_number(p) and (g.has(Float) or p.has(Float)):
-        return _numbers_agree(g, p, decimals, numeric_precision)
-    if _exact_number(g) and _exact_number(p):
-        same = exact_numbers_equal(g, p)
-        if same is not None:
-            return same
-    return verify(
-        gold_parsed,
-        pred_parsed,
-        float_rounding=decimals,
-        numeric_precision=numeric_precision,
-        strict=STRICT,
-        timeout_seconds=None,
-    )
+    return gold_problem(gold)
 
 
 def _exit_with_parent(parent_pid: int) -> None:
@@ -445,7 +86,7 @@ def _exit_with_parent(parent_pid: int) -> None:
 
 def _warm_up() -> bool:
     """First task of every worker: import and exercise sympy/math-verify before timed checks."""
-    return verify_answer("1", "1")
+    return _check_pair("1", "1", FLOAT_ROUNDING, NUMERIC_PRECISION)
 
 
 class AnswerChecker:
@@ -456,7 +97,9 @@ class AnswerChecker:
     A check whose worker dies (killed from outside, out of memory) is run again once on a fresh pool; a
     pair that kills its worker a second time counts as False too and is counted in ``crashes``. Either way
     the pair is *ungradable* (:meth:`ungradable`): stages that grade an outcome leave it ungraded, and the
-    run goes on. Results are memoized per (gold, pred) pair, including timeouts. Workers start on first use.
+    run goes on. Results are memoized per (gold, pred) pair, including timeouts. Building a checker starts
+    no process and imports no sympy: the pool starts on the first check (``check_many`` or
+    ``gold_problems`` with something to check), so a stage that never grades pays nothing for it.
     At most ``workers`` checks are in flight, so each one's clock starts when a worker is free.
 
     Validate gold answers before generating with ``gold_problems``; ``check_many`` raises on a bad gold.
@@ -540,10 +183,10 @@ class AnswerChecker:
             return {g: self._gold_cache[g] for g in golds}
 
     def _submit_pair(self, pool: ProcessPoolExecutor, key: tuple[str, str]) -> Future:
-        return pool.submit(verify_answer, *key, self.float_rounding, self.numeric_precision)
+        return pool.submit(_check_pair, *key, self.float_rounding, self.numeric_precision)
 
     def _submit_gold(self, pool: ProcessPoolExecutor, gold: str) -> Future:
-        return pool.submit(gold_problem, gold)
+        return pool.submit(_check_gold, gold)
 
     def _run(self, keys: list, submit, cache: dict, timed_out, crashed, failed: set | None = None) -> None:
         """Run ``submit(pool, key)`` for each key, storing results in ``cache``.
