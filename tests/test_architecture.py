@@ -66,6 +66,95 @@ def test_a_new_stage_is_its_module_plus_one_registration_line(solutions, tmp_pat
     assert show.exit_code == 0 and "chars" in show.output
 
 
+@pytest.fixture(scope="module")
+def processbench(tmp_path_factory) -> Path:
+    """8 real ProcessBench gsm8k rows with human first errors (some rows have an error before their end)."""
+    out = tmp_path_factory.mktemp("pb") / "pb.parquet"
+    run_cli("ingest", "processbench", DATA / "processbench" / "gsm8k.json", out, "--limit", "8")
+    return out
+
+
+def test_a_new_stages_per_step_column_is_cut_by_filter(processbench, tmp_path, monkeypatch):
+    """The toy declares ``toy_lengths`` per step in its own module only; ``filter`` reads that from the shard
+    and cuts it with the steps (it kept 5 entries for 3 steps when per-step columns were a shared table)."""
+    import stepkit.cli as cli
+
+    monkeypatch.setitem(cli.COMMANDS, "toy-steps", ("tests.toy_stage", "Step lengths (a toy stage)."))
+    runner = CliRunner()
+    toyed, cut = tmp_path / "toy.parquet", tmp_path / "cut.parquet"
+    r = runner.invoke(cli.main, ["toy-steps", str(processbench), str(toyed), "--steps-out", str(tmp_path / "s.parquet"),
+                                 "--no-progress"])
+    assert r.exit_code == 0, r.output
+    r = runner.invoke(cli.main, ["filter", str(toyed), str(cut), "--rule",
+                                 "truncate-after-first-error:reference_first_error", "--dropped", str(tmp_path / "dropped.parquet"),
+                                 "--no-progress"])
+    assert r.exit_code == 0, r.output
+    before = {x["id"]: x for x in pq.read_table(toyed).to_pylist()}
+    rows = pq.read_table(cut).to_pylist()
+    shortened = [x for x in rows if len(x["steps"]) < len(before[x["id"]]["steps"])]
+    assert shortened  # some rows were cut, and each per-step column with them
+    for x in rows:
+        assert x["toy_lengths"] == [len(t) for t in x["steps"]]
+        assert x["toy_lengths"] == before[x["id"]]["toy_lengths"][:len(x["steps"])]
+
+
+class ScoreStage(Stage):
+    """A stage written for this test alone: a 0-10 score per step (its own declaration, no shared edit)."""
+
+    name = "score-steps"
+    required_columns = ("id", "steps")
+
+    def __init__(self):
+        from stepkit.columns import Column
+
+        self.columns = (
+            Column("tscore_score", pa.list_(pa.float32()), "0-10 per step: 10 minus the step's length over 40",
+                   per_step=True, role="value", scale="score", range=(0.0, 10.0), status="tscore_status"),
+            Column("tscore_status", pa.string(), "ok, or skipped (no labels)", role="status",
+                   values=("ok", "skipped"), no_labels=("skipped",)),
+        )
+
+    def process(self, rows):
+        out = []
+        for k, r in enumerate(rows):
+            skipped = k == 0  # the first row of each chunk says it has no labels
+            scores = [max(0.0, 10.0 - len(t) / 40) for t in r["steps"]]
+            out.append({**r, "tscore_score": [0.0] * len(scores) if skipped else scores,
+                        "tscore_status": "skipped" if skipped else "ok"})
+        return out, {}
+
+
+def test_a_stage_of_its_own_declares_a_score_and_export_reads_it(processbench, tmp_path):
+    """A 0-10 score column declared by a stage that no shared file knows: ``export`` refuses ``--soft`` and
+    a hard label without ``--threshold`` on it, honours its status ("skipped": no labels) and, after a
+    filter cut, writes labels aligned with the kept steps."""
+    scored, cut = tmp_path / "scored.parquet", tmp_path / "cut.parquet"
+    run_stage(ScoreStage(), processbench, scored, progress=False, chunk_size=4)
+    runner = CliRunner()
+    import stepkit.cli as cli
+
+    r = runner.invoke(cli.main, ["export", str(scored), str(tmp_path / "soft"), "--labels", "tscore_score", "--soft"])
+    assert r.exit_code == 1 and "0-10 scores" in r.output and "no soft labels" in r.output
+    r = runner.invoke(cli.main, ["export", str(scored), str(tmp_path / "hard"), "--labels", "tscore_score"])
+    assert r.exit_code == 1 and "--threshold" in r.output
+    r = runner.invoke(cli.main, ["filter", str(scored), str(cut), "--rule",
+                                 "truncate-after-first-error:reference_first_error", "--dropped", str(tmp_path / "dropped.parquet"),
+                                 "--no-progress"])
+    assert r.exit_code == 0, r.output
+    out = tmp_path / "ds"
+    r = runner.invoke(cli.main, ["export", str(cut), str(out), "--labels", "tscore_score", "--threshold", "5",
+                                 "--on-null", "drop"])
+    assert r.exit_code == 0, r.output
+    got = {x["id"]: x for x in pq.read_table(next((out / "data").glob("*.parquet"))).to_pylist()}
+    rows = pq.read_table(cut).to_pylist()
+    assert any(x["filter_cut_by"] for x in rows if x["id"] in got)  # labels of cut rows are checked below
+    assert {x["id"] for x in rows if x["tscore_status"] == "ok"} == set(got)  # skipped rows have no labels
+    for x in rows:
+        if x["id"] in got:
+            assert got[x["id"]]["completions"] == x["steps"]
+            assert got[x["id"]]["labels"] == [v > 5 for v in x["tscore_score"]]
+
+
 def test_side_output_is_committed_with_the_parts_and_survives_a_kill(solutions, tmp_path):
     ref, ref_steps = tmp_path / "ref.parquet", tmp_path / "ref-steps.parquet"
     toy(solutions, ref, "--steps-out", ref_steps, "--chunk-size", "1")
