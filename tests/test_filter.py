@@ -265,3 +265,66 @@ def test_schema_of_per_step_columns_is_declared():
     assert {"steps", "mc_value", "mc_label", "judge_label", "mcts_value", "reference_labels"} <= per_step
     assert not {"judge_votes", "judge_replies", "reference_steps"} & per_step
     assert pa.types.is_list(SCHEMA.field("mc_value").type)
+
+
+# --- what the shard declares: no-label statuses, float status values, first errors past the steps ---------
+
+def test_value_rules_read_a_no_signal_row_as_unlabelled(tmp_path):
+    """Breaking run E2: ``mc_status = no_signal`` means every ``mc_value`` is a placeholder 0 (mc-label declares
+    it); prof, min-value and consensus must not read those zeros as values. One problem: A labelled incorrect,
+    B no_signal incorrect, C labelled correct."""
+    base = [r for r in real_rows(12) if len(r["steps"]) >= 3][:3]
+    spec = [("P:A", False, "ok", [1.0, 0.5, 0.0], 2), ("P:B", False, "no_signal", [0.0, 0.0, 0.0], None),
+            ("P:C", True, "ok", [1.0, 1.0, 1.0], -1)]
+    rows = []
+    for r, (i, oc, st, v, fe) in zip(base, spec):
+        steps = r["steps"][:3]
+        rows.append({**r, "id": i, "problem_id": "P", "steps": steps, "outcome_correct": oc, "mc_status": st,
+                     "mc_value": v, "mc_first_error": fe, "reference_first_error": None,
+                     "mc_label": None if fe is None else [x > 0 for x in v]})
+    inp = write(tmp_path, rows)
+    kept, dropped, _ = run_filter(tmp_path, inp, "prof:mc_value", remove=1)
+    decided = {r["id"]: r["filter_reason"] for r in dropped} | {r["id"]: None for r in kept}
+    assert decided["P:B"] == "unlabelled"
+    # A and C are decided as if B were not there (B's zeros no longer pull the problem's mean down)
+    alone = write(tmp_path, [r for r in rows if r["id"] != "P:B"], "alone.parquet")
+    kept2, dropped2, _ = run_filter(tmp_path, alone, "prof:mc_value", remove=1)
+    assert {r["id"]: r["filter_reason"] for r in dropped2} | {r["id"]: None for r in kept2} == \
+        {k: v for k, v in decided.items() if k != "P:B"}
+    kept, dropped, _ = run_filter(tmp_path, inp, "min-value:mc_value>=0")
+    assert [r["id"] for r in dropped] == ["P:B"] and dropped[0]["filter_reason"] == "unlabelled"
+    # a status column of a stage that declares no "no labels" value leaves the row labelled
+    plain = write(tmp_path, rows, "plain.parquet", extend_schema(TRAJECTORY_SCHEMA, [
+        pa.field(f.name, f.type) for f in fields(mc_label.COLUMNS) if f.name != "mc_status"]
+        + [pa.field("mc_status", pa.string(), metadata={b"stepkit": b'{"role": "status", "doc": "x"}'})]))
+    kept, dropped, _ = run_filter(tmp_path, plain, "min-value:mc_value>=0")
+    assert not dropped
+
+
+def test_status_rule_on_a_float_column_reads_floats(tmp_path):
+    """Breaking run E12: ``status:mc_value_start=0.0`` refused with 'present: 0.0', and ``!=`` dropped nothing."""
+    rows = [{**r, "mc_value_start": v} for r, v in zip(real_rows(4), [0.0, 1.0, 0.0, 0.5])]
+    inp = write(tmp_path, rows)
+    kept, dropped, _ = run_filter(tmp_path, inp, "status:mc_value_start=0.0")
+    assert [r["mc_value_start"] for r in kept] == [0.0, 0.0] and len(dropped) == 2
+    kept, dropped, _ = run_filter(tmp_path, inp, "status:mc_value_start!=0")
+    assert [r["mc_value_start"] for r in kept] == [1.0, 0.5]
+    with pytest.raises(InputError, match="is not a float value"):
+        run_filter(tmp_path, inp, "status:mc_value_start=nan")
+
+
+@pytest.mark.parametrize("rule", ["truncate-after-first-error:mc_first_error", "keep-correct-steps:mc_first_error",
+                                  "consensus:mc_first_error,reference_first_error"])
+def test_a_first_error_past_the_steps_is_bad_input(tmp_path, rule):
+    """Breaking run E13: a first error of 99 for 3 steps (or -3) was read as "no error" and the row kept."""
+    rows = real_rows(2)
+    rows = [{**r, "mc_first_error": fe, "mc_status": "ok"} for r, fe in zip(rows, (0, 99))]
+    inp = write(tmp_path, rows)
+    with pytest.raises(InputError) as e:
+        run_filter(tmp_path, inp, rule)
+    assert str(e.value) == f"{inp}: row 1, column 'mc_first_error': first-error index 99 outside " \
+                           f"-1..{len(rows[1]['steps']) - 1}"
+    rows[1]["mc_first_error"] = -3
+    inp = write(tmp_path, rows, "neg.parquet")
+    with pytest.raises(InputError, match="first-error index -3 outside"):
+        run_filter(tmp_path, inp, rule)

@@ -4,6 +4,12 @@ Rules run in the order given, each on the rows the earlier ones kept. A rule eit
 (it goes to ``--dropped`` with ``filter_reason``, or stays flagged with ``--flag-only``: nothing is lost)
 or **cuts** its steps (keeps a prefix). Rules (``RULES`` below; ``COL`` names a column of IN):
 
+A rule that reads labels or values (consensus, truncate/keep-correct, prof, min/max-value) drops a row as
+``unlabelled`` when the status column the shard declares for ``COL`` says the row has none
+(:mod:`stepkit.columns`: ``mc_status = no_signal`` marks ``mc_value``'s zeros as placeholders), and reads a
+first-error index outside the row's steps as bad input, never as "no error". ``status:`` values are read as
+the column's type (``status:mc_value_start=0.0`` is the float 0).
+
 * ``consensus:A,B`` — keep rows whose first errors agree (Zhang et al. 2025, "The Lessons of Developing
   Process Reward Models in Mathematical Reasoning": keep samples where MC estimation and an LLM judge
   agree). ``A``/``B`` are first-error columns (int, ``-1`` = no error) or step-label columns
@@ -129,11 +135,38 @@ class Rule:
     text = ""
     columns: tuple[str, ...] = ()
 
+    labels_read: tuple[str, ...] = ()  # columns whose rows may say "no labels" through their stage's status
+
     def check_schema(self, schema: pa.Schema, path: Path) -> None:
         for c in self.columns:
             if c not in schema.names:
                 raise InputError(path, f"missing column for --rule {self.text!r} (has: {', '.join(schema.names)})",
                                  column=c)
+        # which status column (and which of its values) say a row has no labels in a column this rule reads
+        # (mc_status = no_signal: its mc_value is all placeholder zeros), as the shard declares it
+        meanings = read_meanings(schema, path)
+        for c in self.labels_read:
+            status = meanings.status_of(c)
+            if status is not None:
+                self.no_labels.setdefault(c, (status, set()))[1].update(meanings.no_labels(status))
+
+    _no_labels: dict[str, tuple[str, set]] | None = None
+
+    @property
+    def no_labels(self) -> dict[str, tuple[str, set]]:
+        """Column -> (its status column, the status values that mean no labels), over the planned shards."""
+        if self._no_labels is None:
+            self._no_labels = {}
+        return self._no_labels
+
+    def status_columns(self) -> set[str]:
+        """The status columns :meth:`labelled` reads (the stage reads them with the rows)."""
+        return {status for status, _ in self.no_labels.values()}
+
+    def labelled(self, row: dict, col: str) -> bool:
+        """False when the row's status says ``col`` holds no labels for it (its values are placeholders)."""
+        status, values = self.no_labels.get(col, (None, ()))
+        return status is None or row.get(status) not in values
 
     def decide(self, rows: list[dict], cfg: FilterConfig) -> list:
         raise NotImplementedError
@@ -170,11 +203,12 @@ class Consensus(_FirstErrorRule):
 
     def __init__(self, text, a, b):
         self.text, self.columns = text, (a, b)
+        self.labels_read = self.columns
 
     def decide(self, rows, cfg):
         out = []
         for r in rows:
-            a, b = (first_error(r, c) for c in self.columns)
+            a, b = (first_error(r, c) if self.labelled(r, c) else None for c in self.columns)
             out.append(("drop", "unlabelled") if a is None or b is None else KEEP if a == b else ("drop", "consensus"))
         return out
 
@@ -184,12 +218,14 @@ class Truncate(_FirstErrorRule):
 
     def __init__(self, text, col, through_error: bool):
         self.text, self.columns, self.through = text, (col,), through_error
+        self.labels_read = self.columns
         self.kind = "truncate-after-first-error" if through_error else "keep-correct-steps"
 
     def decide(self, rows, cfg):
         out = []
         for r in rows:
-            k, n = first_error(r, self.columns[0]), len(r["steps"])
+            col = self.columns[0]
+            k, n = first_error(r, col) if self.labelled(r, col) else None, len(r["steps"])
             if k is None:
                 out.append(("drop", "unlabelled"))
             elif k < 0 or k >= n:  # no error among the (possibly already cut) steps
@@ -220,6 +256,7 @@ def _check_numeric(schema, path, col, rule):
 class Threshold(Rule):
     def __init__(self, text, kind, col, op, x):
         self.text, self.kind, self.columns, self.op, self.x = text, kind, (col,), op, x
+        self.labels_read = self.columns
 
     def check_schema(self, schema, path):
         super().check_schema(schema, path)
@@ -228,7 +265,7 @@ class Threshold(Rule):
     def decide(self, rows, cfg):
         out = []
         for r in rows:
-            vs = _values(r.get(self.columns[0]))
+            vs = _values(r.get(self.columns[0])) if self.labelled(r, self.columns[0]) else []
             if not vs:
                 out.append(("drop", "unlabelled"))
                 continue
@@ -269,9 +306,14 @@ class Status(Rule):
                 self.values = {words[v.lower()] for v in self.raw}
             elif pa.types.is_integer(t):
                 self.values = {int(v) for v in self.raw}
+            elif pa.types.is_floating(t):  # read as the column's type: "0.0" is the float 0.0
+                self.values = {float(v) for v in self.raw}
+                if any(not math.isfinite(v) for v in self.values):
+                    raise ValueError
         except (KeyError, ValueError):
-            raise InputError(path, f"--rule {self.text!r}: {', '.join(self.raw)} is not a {t} value "
-                                   f"({'true or false' if pa.types.is_boolean(t) else 'an integer'})",
+            what = "true or false" if pa.types.is_boolean(t) else "an integer" if pa.types.is_integer(t) else \
+                "a finite number"
+            raise InputError(path, f"--rule {self.text!r}: {', '.join(self.raw)} is not a {t} value ({what})",
                              column=col) from None
 
     def check_seen(self, rows=()) -> None:
@@ -327,6 +369,7 @@ class Prof(Rule):
 
     def __init__(self, text, col):
         self.text, self.columns = text, (col, "problem_id", "outcome_correct")
+        self.labels_read = (col,)
 
     def check_schema(self, schema, path):
         super().check_schema(schema, path)
@@ -346,7 +389,8 @@ class Prof(Rule):
         out: list = [KEEP] * len(rows)
         groups: dict = {}
         for i, r in enumerate(rows):
-            if r.get("outcome_correct") is None or not _values(r.get(self.columns[0])):
+            if r.get("outcome_correct") is None or not _values(r.get(self.columns[0])) \
+                    or not self.labelled(r, self.columns[0]):
                 out[i] = ("drop", "unlabelled")
             else:
                 groups.setdefault(r["problem_id"], []).append(i)
@@ -440,6 +484,8 @@ class FilterStage(Stage):
         self.rules = [parse_rule(r) for r in cfg.rule]
         self.required_columns = ("prompt", "steps")  # each rule checks its own columns (naming the rule)
         self.status_cols = {r.columns[0] for r in self.rules if isinstance(r, Status)}  # observed while planning
+        # first-error columns are range-checked while planning (an index past the steps is no "no error")
+        self.status_cols |= {c for r in self.rules if isinstance(r, _FirstErrorRule) for c in r.columns}
         self.per_step = set(cfg.step_column)  # grows with every planned shard's per-step columns (check_schema)
         self._set_optional_columns()
 
@@ -482,6 +528,14 @@ class FilterStage(Stage):
                 raise InputError(path, "null or empty steps", row=first_row + i, column="steps")
             n = len(r["steps"])
             check_kept_steps(r, n, path, first_row + i)
+            # a first-error index names a step of the row as it was labelled (after keep-correct-steps cut
+            # it, the index equals the new step count); outside that it is bad input, never "no error"
+            labelled_steps = max(n, r.get("filter_steps_before") or n)
+            for c in {c for rule in self.rules if isinstance(rule, _FirstErrorRule) for c in rule.columns}:
+                k = r.get(c)
+                if isinstance(k, int) and not isinstance(k, bool) and not -1 <= k < labelled_steps:
+                    raise InputError(path, f"first-error index {k} outside -1..{labelled_steps - 1}",
+                                     row=first_row + i, column=c)
             for c in r:
                 v = r[c]
                 if c != "steps" and c in self.per_step and v is not None \
