@@ -16,6 +16,7 @@ import json
 import os
 import re
 import shutil
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -41,8 +42,20 @@ def resolve_path(path: str | os.PathLike) -> Path:
         raise InputError(p, "is a symlink loop (a link that points back to itself)") from None
 
 
+_WARNED_UNFINISHED: set[Path] = set()
+
+
+def unfinished_runs(folder: Path) -> list[Path]:
+    """The ``*.parquet.parts`` folders in ``folder`` whose shard is not there: runs that have not finished
+    (a killed or crashed rank), whose rows are missing from the folder."""
+    return sorted(x for x in folder.glob("*.parquet.parts") if x.is_dir() and not x.with_suffix("").is_file())
+
+
 def list_shards(path: str | os.PathLike) -> list[Path]:
     """The Parquet files named by ``path``: the file itself, or the sorted ``*.parquet`` of a folder.
+
+    A folder that also holds an unfinished run (:func:`unfinished_runs`) gets one ``warning:`` line on stderr
+    naming it, once per process: its rows are not in the folder yet, so whatever reads it sees part of the data.
 
     Raises:
         InputError: the path does not exist (or is a symlink loop or a broken link), or a folder holds
@@ -51,8 +64,16 @@ def list_shards(path: str | os.PathLike) -> list[Path]:
     p = Path(path)
     if p.is_dir():
         shards = sorted(x for x in p.glob("*.parquet") if x.is_file())
+        unfinished = unfinished_runs(p)
         if not shards:
-            raise InputError(p, "folder holds no .parquet shards")
+            raise InputError(p, "folder holds no .parquet shards" + (
+                f" (only the unfinished run {unfinished[0].name}: finish it first)" if unfinished else ""))
+        if unfinished and resolve_path(p) not in _WARNED_UNFINISHED:
+            _WARNED_UNFINISHED.add(resolve_path(p))
+            names = ", ".join(x.name for x in unfinished[:3]) + (f", … ({len(unfinished)})" if len(unfinished) > 3 else "")
+            print(f"warning: {p}: {len(unfinished)} run(s) not finished ({names}); their rows are not in the "
+                  f"folder, so only {len(shards)} finished shard(s) are read: rerun the stopped command first",
+                  file=sys.stderr)
         return shards
     if not p.exists():
         if p.is_symlink():

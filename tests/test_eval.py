@@ -147,7 +147,8 @@ def test_folder_checks_kinds_ids_and_unfinished_runs(constructed, tmp_path):
     assert r["unfinished"] == [str(folder / "c.parquet.parts")]
     p = subprocess.run([sys.executable, "-m", "stepkit.cli", "eval", "processbench", str(folder), "--pred", "pred"],
                        capture_output=True, text=True)
-    assert p.returncode == 0 and "has not finished" in p.stdout
+    assert p.returncode == 0 and "unfinished run(s) in the folder" in p.stdout
+    assert p.stderr.count("warning:") == 1 and "1 run(s) not finished (c.parquet.parts)" in p.stderr
 
 
 def test_empty_label_list_without_steps_is_missing(tmp_path):

@@ -29,7 +29,7 @@ from stepkit.errors import InputError
 from stepkit.grading.verdicts import first_error_of
 from stepkit.metrics import processbench_f1
 from stepkit.schema import check_column_types
-from stepkit.shards import list_shards, open_parquet, read_rows
+from stepkit.shards import list_shards, open_parquet, read_rows, unfinished_runs
 
 
 def _kind(path: Path, schema: pa.Schema, column: str) -> str:
@@ -108,7 +108,7 @@ def load_predictions(shard: str | Path, columns: list[str]) -> tuple[list[dict],
                 out[c] = _first_error(r.get(c), kinds[c][0], n, p, i, c) if labelled else None
             rows.append(out)
     folder = Path(shard)
-    unfinished = sorted(str(x) for x in folder.glob("*.parquet.parts") if x.is_dir()) if folder.is_dir() else []
+    unfinished = [str(x) for x in unfinished_runs(folder)] if folder.is_dir() else []  # (list_shards warned)
     return rows, {c: k for c, (k, _) in kinds.items()}, unfinished
 
 
@@ -275,5 +275,5 @@ def print_agreement(report: dict, console) -> None:
 
 
 def _warn_unfinished(report: dict, console) -> None:
-    for parts in report.get("unfinished", []):
-        console.print(f"[yellow]warning:[/yellow] {parts}: a run that has not finished; its rows are not scored")
+    if report.get("unfinished"):  # (the warning line itself came from reading the folder: shards.list_shards)
+        console.print(f"{len(report['unfinished'])} unfinished run(s) in the folder: their rows are not scored")
