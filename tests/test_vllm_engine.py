@@ -48,6 +48,24 @@ def test_unknown_model_is_a_config_error(tmp_path):
         VLLMEngine(str(tmp_path))
 
 
+def test_a_child_that_cannot_reserve_its_memory_is_one_line(monkeypatch, capfd):
+    """vLLM's CPU worker refuses a memory share above what is free, in its child process: the error is that
+    child's root cause in one line, and its traceback is not printed (stepkit's own check before start is
+    switched off here so that vLLM's is reached). Runs before the module's engine exists: one engine at once."""
+    import stepkit.engines.vllm_engine as ve
+
+    monkeypatch.setattr(ve, "check_cpu_memory", lambda fraction: None)
+    with pytest.raises(ConfigError) as e:
+        ve.VLLMEngine("smollm2-135m", gpu_memory_utilization=0.999)
+    assert "less than desired CPU memory utilization (0.999" in str(e.value) and "\n" not in str(e.value)
+    assert "(stepkit --verbose shows the engine's log)" in str(e.value)
+    assert "Traceback" not in capfd.readouterr().err
+    with pytest.raises(ConfigError, match="not enough memory for the vllm engine: --gpu-memory-utilization 0.999"):
+        monkeypatch.undo()
+        ve.VLLMEngine("smollm2-135m", gpu_memory_utilization=0.999)  # refused before any process starts
+    assert not _engine_processes()
+
+
 def test_results_are_order_preserving_with_n_each(engine):
     requests = [
         Request("The capital of France is", n=1),

