@@ -393,6 +393,7 @@ def test_cli_label_calibrate_stats_show_eval(pb, tmp_path):
     assert m2["config"]["calibration"]["sha256"] == cal["sha256"]
     stats = run("stats", held).stdout
     assert "prompt tokens scored" in stats and "prefix cache" in stats and "calibrated on" in stats
+    assert "bundled SmolLM2-135M" not in stats  # (a scripted engine's labels: no note about the bundled model)
     show = run("show", held, "--index", 0).stdout
     assert "lh gain" in show and "first error" in show
     rep = run("eval", "processbench", held, "--pred", "lh_first_error", "--json", tmp_path / "f1.json")
@@ -570,3 +571,19 @@ def test_stats_on_a_folder_of_both_methods_shows_both(pb, tmp_path):
     assert "lh_value and lh_gain" in out and "lh_reward and lh_q" in out and "answer-gain + implicit-prm" in out
     m = read_manifest(folder / "b.parquet")
     assert m["run"]["tokens_this_run"] == m["counts"]["scored_tokens"]  # both models' tokens
+
+
+@pytest.mark.parametrize("reference", ["scripted:echo", "{folder}"])
+def test_implicit_prm_against_itself_is_refused(pb, tmp_path, reference):
+    """Issue 25 item 5: implicit-prm with the policy as its own reference gave rewards of exactly 0 on every
+    step (measured with the bundled model); the command refuses it in one line, before any model loads. The
+    same folder named two ways is one model too (a registry name and its prepared folder)."""
+    from stepkit.models import model_dir
+
+    policy = "scripted:echo" if reference.startswith("scripted") else "smollm2-135m"
+    engine = "scripted" if policy.startswith("scripted") else "vllm"
+    ref = reference.format(folder=model_dir("smollm2-135m"))
+    p = run("likelihood-label", pb, tmp_path / "o.parquet", "--engine", engine, "--model", policy, "--method",
+            "implicit-prm", "--reference-model", ref, "--no-progress", check=False)
+    assert p.returncode == 1 and len(p.stderr.strip().splitlines()) == 1, p.stderr
+    assert "is the policy model itself" in p.stderr and not (tmp_path / "o.parquet.parts").exists()

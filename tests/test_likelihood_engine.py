@@ -88,12 +88,27 @@ def test_openai_server_gives_the_same_values(pb, offline, tmp_path):
     assert worst <= 1e-3
 
 
+def test_stats_say_what_the_bundled_model_cannot_do(offline):
+    out, _ = offline
+    stats = run("stats", out).stdout
+    assert "note: labelled with the bundled SmolLM2-135M, whose likelihood labels carried no step" in stats
+    assert "(P = 0.31" in stats
+
+
 def test_implicit_prm_with_the_model_as_its_own_reference(pb, tmp_path):
     """Policy and reference are the same model, loaded one after the other: every step's log-ratio is 0, so
-    both passes scored the same tokens at the same positions."""
+    both passes scored the same tokens at the same positions. (The command refuses this configuration, whose
+    rewards are 0 by construction: tests/test_likelihood.py; the stage built with an explicit reference spec
+    is this check's way in.)"""
+    from stepkit.engines.base import EngineSpec, SamplingConfig
+    from stepkit.runner import run_stage
+    from stepkit.stages.likelihood import LikelihoodConfig, LikelihoodStage
+
     out = tmp_path / "ip.parquet"
-    run("likelihood-label", pb, out, "--model", "smollm2-135m", "--method", "implicit-prm", "--reference-model",
-        "smollm2-135m", "--no-progress")
+    stage = LikelihoodStage(LikelihoodConfig(method="implicit-prm", reference_model="smollm2-135m"),
+                            EngineSpec("vllm", "smollm2-135m", 0), SamplingConfig(),
+                            reference=EngineSpec("vllm", "smollm2-135m", 0))
+    run_stage(stage, pb, out, progress=False)
     rows = pq.read_table(out).to_pylist()
     for r in rows:
         assert r["lh_status"] == "ok" and len(r["lh_reward"]) == len(r["steps"])

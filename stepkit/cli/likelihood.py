@@ -109,6 +109,14 @@ def _tables(rows, console, figs, shards):
     s.add_row("cost", PREFIX_CACHE_NOTE)
     figs["lh_scored_tokens"] = scored
     console.print(s)
+    if any(((m.get("config") or {}).get("engine") or {}).get("model") == "smollm2-135m" for m in manifests):
+        figs["lh_bundled_model_note"] = BUNDLED_MODEL_NOTE
+        console.print(BUNDLED_MODEL_NOTE, markup=False, highlight=False)
+
+
+BUNDLED_MODEL_NOTE = ("note: labelled with the bundled SmolLM2-135M, whose likelihood labels carried no step "
+                      "information on ProcessBench gsm8k: 23 exact first-error hits on erroneous held-out rows "
+                      "where the outcome plus a random step gives 20.6 (P = 0.31; README, likelihood-label)")
 
 
 def _header(row):

@@ -290,6 +290,24 @@ def check_model(spec: EngineSpec, flag: str) -> None:
                               f"or a local model folder")
 
 
+def _same_model(a: EngineSpec, b: EngineSpec) -> bool:
+    """Whether two engine specs name one model: the same name, or (vllm) the same folder once resolved."""
+    if a.factory is not None or b.factory is not None or a.name != b.name:
+        return False
+    if a.model == b.model:
+        return True
+    if a.name == "vllm":
+        from pathlib import Path
+
+        from stepkit.models import REGISTRY, model_dir
+
+        def where(m: str) -> Path:
+            return (model_dir(m) if m in REGISTRY else Path(m).expanduser()).resolve()
+
+        return where(a.model) == where(b.model)
+    return False
+
+
 class LikelihoodStage(LabelerStage):
     """The ``likelihood-label`` stage (see the module docstring for the methods and columns).
 
@@ -299,10 +317,12 @@ class LikelihoodStage(LabelerStage):
         sampling: unused by scoring (kept for the engine-stage contract: seed and provenance).
         scaffold: the answer scaffold; default ``cfg.template``'s file, else the built-in one.
         reference: the reference model's engine for implicit-prm (default: ``engine`` with
-            ``cfg.reference_model`` as its model).
+            ``cfg.reference_model`` as its model, which must be another model than ``engine``'s: one model
+            against itself gives every step a reward of exactly 0).
 
     Raises:
-        ConfigError: an unreadable scaffold; InputError: a bad ``--calibrate`` shard.
+        ConfigError: an unreadable scaffold; ``--reference-model`` naming the policy model itself; InputError: a
+            bad ``--calibrate`` shard.
     """
 
     name = "likelihood-label"
@@ -326,6 +346,10 @@ class LikelihoodStage(LabelerStage):
             self.reference_spec = reference or EngineSpec(engine.name, cfg.reference_model, engine.seed,
                                                           dict(engine.options))
             check_model(self.reference_spec, "--reference-model")
+            if reference is None and _same_model(engine, self.reference_spec):
+                raise ConfigError(f"--reference-model {cfg.reference_model} is the policy model itself: implicit-prm's "
+                                  "reward is the log-ratio of two models, so every step would get exactly 0; give "
+                                  "the policy's base model (the one it was trained from) as --reference-model")
             self.default_chunk_size = 1024  # each chunk swaps the two models once
             self.required_columns = tuple(c for c in self.required_columns if c != "reference_answer")
         self.calibration = _read_calibration(cfg.calibrate, cfg, self._method_identity()) if cfg.calibrate else None
