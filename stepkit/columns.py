@@ -114,10 +114,12 @@ def from_field(field: pa.Field) -> Column | None:
     """
     raw = (field.metadata or {}).get(META_KEY)
     if raw is None:
-        from stepkit.columns_legacy import LEGACY_COLUMNS
+        from stepkit.columns_legacy import LEGACY_COLUMNS, LEGACY_DOC
 
-        legacy = LEGACY_COLUMNS.get(field.name)
-        return legacy
+        if field.name not in LEGACY_COLUMNS:
+            return None
+        type_, meaning = LEGACY_COLUMNS[field.name]
+        return Column(field.name, type_, doc=LEGACY_DOC, **meaning)
     try:
         doc = json.loads(raw)
         return Column(field.name, field.type, doc=doc.get("doc", ""), per_step=bool(doc.get("per_step")),

@@ -9,16 +9,18 @@ for every stage).
 
 from __future__ import annotations
 
+from typing import Any
+
 import pyarrow as pa
 
-from stepkit.columns import Column
+LEGACY_DOC = "(declared before column metadata; see docs/architecture.md)"
 
 
-def _c(name: str, type_: pa.DataType, **meaning) -> Column:
-    return Column(name, type_, doc="(declared before column metadata; see docs/architecture.md)", **meaning)
+def _c(name: str, type_: pa.DataType, **meaning) -> tuple[str, pa.DataType, dict[str, Any]]:
+    return name, type_, meaning
 
 
-LEGACY_COLUMNS: dict[str, Column] = {c.name: c for c in [
+LEGACY_COLUMNS: dict[str, tuple[pa.DataType, dict[str, Any]]] = {name: (type_, meaning) for name, type_, meaning in [
     # core (stepkit.schema)
     _c('steps', pa.list_(pa.string()), per_step=True),
     # rollout
@@ -105,4 +107,5 @@ LEGACY_COLUMNS: dict[str, Column] = {c.name: c for c in [
     _c('reference_actions', pa.list_(pa.string())),
     _c('source_reward', pa.float64()),
 ]}
-"""Column name → its frozen declaration (type and meaning), for fields without stepkit metadata."""
+"""Column name → its frozen declaration: (type, keyword arguments of :class:`stepkit.columns.Column`), for
+fields without stepkit metadata (plain data here, so this module imports nothing of stepkit's)."""

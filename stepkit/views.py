@@ -22,6 +22,7 @@ from rich.table import Table
 from rich.text import Text
 
 from stepkit.columns import Column, read_meanings
+from stepkit.console import make_console
 from stepkit.conversations import ConversationError, message_text, tool_calls
 from stepkit.errors import InputError
 from stepkit.schema import error_reason
@@ -51,14 +52,6 @@ class StageView:
     step_columns: Callable | None = None
     step_cells: Callable | None = None
     footer: Callable | None = None
-
-
-def make_console(stderr: bool = False) -> Console:
-    """A rich console; 120 columns when not writing to a terminal (rich would wrap at 80)."""
-    import sys
-
-    stream = sys.stderr if stderr else sys.stdout
-    return Console(stderr=stderr, width=None if stream.isatty() else 120)
 
 
 def _load(shard) -> list[dict]:

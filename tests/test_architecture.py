@@ -363,7 +363,7 @@ def test_plain_string_error_on_a_row_changed_in_place_is_caught(solutions, tmp_p
 
 
 def test_a_locked_output_is_refused_before_the_model_loads(solutions, tmp_path):
-    from stepkit.runner import _OutputLock
+    from stepkit.runner import OutputLock
 
     class Opens(ToyStage):
         opened = False
@@ -372,7 +372,7 @@ def test_a_locked_output_is_refused_before_the_model_loads(solutions, tmp_path):
             Opens.opened = True
 
     out = tmp_path / "o.parquet"
-    with _OutputLock(out):
+    with OutputLock(out):
         with pytest.raises(ConfigError, match="another stepkit run is writing this output"):
             run_stage(Opens(ToyConfig(steps_out=str(tmp_path / "s.parquet"))), solutions, out, progress=False)
     assert not Opens.opened

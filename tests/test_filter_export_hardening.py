@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from stepkit.errors import ConfigError, InputError, StepkitError
-from stepkit.runner import _OutputLock, run_stage
+from stepkit.runner import OutputLock, run_stage
 from stepkit.stages.export import ExportConfig, export
 from stepkit.stages.filter import FilterConfig, FilterStage
 from stepkit.stages.mcts_label import PAIR_SCHEMA
@@ -43,7 +43,7 @@ def test_a_failed_force_run_keeps_the_finished_output_and_side_output(tmp_path):
 def test_a_side_output_in_use_by_another_run_is_refused(tmp_path):
     inp = write(tmp_path / "in.parquet", labelled(2))
     shared = tmp_path / "dropped.parquet"
-    with _OutputLock(shared):  # another run is writing its own --dropped here
+    with OutputLock(shared):  # another run is writing its own --dropped here
         with pytest.raises(ConfigError, match="another stepkit run is writing this output"):
             filt(inp, tmp_path / "b.parquet", "dedupe", dropped=str(shared))
 

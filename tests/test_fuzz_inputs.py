@@ -755,7 +755,7 @@ def test_a_stepkit_column_of_another_type_is_one_error_line(tmp_path, checker, r
     before_files = listing(tmp_path)
     with pytest.raises(InputError) as e:
         run()
-    assert str(e.value) == f"{src}: column '{column}': expected type {CORE_FIELDS.get(column) or LEGACY_COLUMNS[column].type}, found " \
+    assert str(e.value) == f"{src}: column '{column}': expected type {CORE_FIELDS.get(column) or LEGACY_COLUMNS[column][0]}, found " \
                            f"{pq.read_schema(src).field(column).type}"
     check_nothing_left(tmp_path, before_files)
 

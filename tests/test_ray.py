@@ -159,7 +159,7 @@ def test_results_are_matched_to_shards_by_identity_and_failures_come_back(shards
     """In-process (this session's Ray connection), with the toy stage: the shards finish in another order
     than planned (s0, the longest, after s1), yet each result is its own shard's, in plan order; a shard
     over its error budget comes back failed, with its parts kept, while the others finish."""
-    from stepkit.ray_executor import RayExecutor
+    from stepkit.runner.ray_executor import RayExecutor
 
     folder = tmp_path / "in"
     folder.mkdir()
@@ -188,7 +188,7 @@ def test_the_stage_goes_to_the_tasks_unopened(shards, ray_cluster, tmp_path):
     """The driver never builds the engine: each task opens the stage it was sent (and a stage already
     open is refused rather than shipped with its engine)."""
     from stepkit.errors import ConfigError
-    from stepkit.ray_executor import RayExecutor
+    from stepkit.runner.ray_executor import RayExecutor
 
     stage = MCLabelStage(MCLabelConfig(continuations=2), EngineSpec("scripted", "scripted:echo"),
                          SamplingConfig(max_tokens=64, stop=DEFAULT_STOP))
@@ -223,7 +223,7 @@ def test_ray_options_need_the_ray_executor_and_ray_itself(shards, tmp_path):
 
 def test_tensor_parallelism_must_fit_the_gpus_of_a_shard(shards, tmp_path):
     from stepkit.errors import ConfigError
-    from stepkit.ray_executor import RayExecutor
+    from stepkit.runner.ray_executor import RayExecutor
 
     stage = MCLabelStage(MCLabelConfig(), EngineSpec("vllm", "smollm2-135m", 0, {"tensor_parallel_size": 2}),
                          SamplingConfig())
@@ -248,7 +248,7 @@ def test_every_model_stage_has_the_executor_options(command):
 def test_each_actor_opens_the_stage_once_for_all_its_shards(shards, ray_cluster, tmp_path):
     """4 shards on the session's 2 CPUs with 1 CPU per shard: 2 actors, each opening the stage once, running
     its shards, closing it once, and then gone (its process ends, so an engine's memory is given back)."""
-    from stepkit.ray_executor import RayExecutor
+    from stepkit.runner.ray_executor import RayExecutor
 
     log = tmp_path / "opens.log"
     stage = CountingToyStage(ToyConfig(steps_out=str(tmp_path / "steps"), delay=0.1), str(log))

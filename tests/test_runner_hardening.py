@@ -162,11 +162,11 @@ def test_a_symlink_loop_as_in_or_out_is_one_error_line(solutions, tmp_path):
 # --- the output lock keeps its holder's pid -------------------------------------------------------------------
 
 def test_a_refused_run_leaves_the_lock_holders_pid(solutions, tmp_path):
-    from stepkit.runner import _OutputLock
+    from stepkit.runner import OutputLock
 
     out = tmp_path / "lab.parquet"
     lock = tmp_path / ".lab.parquet.lock"
-    with _OutputLock(out):
+    with OutputLock(out):
         assert lock.read_text() == str(os.getpid())
         line = one_error_line(run_cli("mc-label", solutions, out, *SCRIPTED, check=False))
         assert f"another stepkit run is writing this output (pid {os.getpid()}, lock {lock})" in line
@@ -213,7 +213,7 @@ def test_parts_deleted_mid_run_are_redone(solutions, tmp_path, victim):
 
 
 def test_parts_that_keep_disappearing_or_vanish_at_the_gather_are_one_line(solutions, tmp_path, monkeypatch):
-    import stepkit.runner as runner
+    import stepkit.runner.shard as runner  # the module that calls _uncommitted_chunks
 
     out = tmp_path / "o.parquet"
     parts = tmp_path / "o.parquet.parts"

@@ -176,7 +176,7 @@ def print_results(results, title: str, shown=None, tokens_kind: str = "generated
     the stage's tokens are, ``generated`` or ``scored``); a failed shard shows its status only."""
     from rich.table import Table
 
-    from stepkit.views import make_console
+    from stepkit.console import make_console
 
     t = Table(title=title)
     t.add_column("")

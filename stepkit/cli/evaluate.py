@@ -39,8 +39,8 @@ def eval_processbench(shard, pred, gold, json_out):
     F1 counts a missing prediction (parse failure, no signal, row error) as wrong, as the paper does;
     'F1 answered' leaves those rows out, and 'missing' says how many there were.
     """
+    from stepkit.console import make_console
     from stepkit.stages.evaluate import print_processbench, processbench_report
-    from stepkit.views import make_console
 
     report = processbench_report(shard, pred, gold)
     console = make_console()
@@ -59,8 +59,8 @@ def eval_processbench(shard, pred, gold, json_out):
               help="Also write the figures to this .json file.")
 def eval_agreement(shard, col_a, col_b, cap, json_out):
     """Agreement matrix of two labelers' first-error predictions (e.g. mc_first_error vs judge_first_error)."""
+    from stepkit.console import make_console
     from stepkit.stages.evaluate import agreement_report, print_agreement
-    from stepkit.views import make_console
 
     report = agreement_report(shard, col_a, col_b, cap)
     console = make_console()

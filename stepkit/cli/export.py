@@ -29,8 +29,8 @@ def command(inp, out, force, **kw):
     """
     from rich.table import Table
 
+    from stepkit.console import make_console
     from stepkit.stages.export import export
-    from stepkit.views import make_console
 
     cfg = from_params(ExportConfig, kw)
     m = export(inp, out, cfg, force=force)

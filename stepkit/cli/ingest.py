@@ -30,9 +30,9 @@ def command(fmt, file, out, **kw):
     An option that does not apply to FORMAT (--generator with gsm8k, --id-col with processbench, --seed
     without --sample) is a usage error, never silently ignored.
     """
+    from stepkit.console import make_console
     from stepkit.grading.verify import AnswerChecker, checker_settings
     from stepkit.stages.ingest import ingest
-    from stepkit.views import make_console
 
     opts = from_params(IngestOptions, kw)
     ctx = click.get_current_context()

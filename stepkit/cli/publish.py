@@ -20,8 +20,8 @@ def command(folder, **kw):
     """
     from rich.table import Table
 
+    from stepkit.console import make_console
     from stepkit.stages.publish import publish
-    from stepkit.views import make_console
 
     cfg = from_params(PublishConfig, kw)
     report = publish(folder, cfg)

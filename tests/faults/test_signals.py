@@ -12,7 +12,7 @@ import psutil
 import pyarrow.parquet as pq
 import pytest
 
-from stepkit.runner import _OutputLock
+from stepkit.runner import OutputLock
 from tests.faults.common import (
     MC_LABEL,
     committed,
@@ -64,7 +64,7 @@ def test_stopped_mid_generation_cleans_up_and_resumes(solutions, reference, tmp_
     assert line == (f"error: {out}: stopped by {signum.name}; {kept} committed chunk(s) kept in {out}.parts: run the "
                     "same command again to resume")
     assert not lock.exists()
-    with _OutputLock(out):  # free
+    with OutputLock(out):  # free
         pass
     events = log_events(out)
     started = [e["chunk"] for e in events if e["event"] == "chunk_start"]

@@ -37,6 +37,7 @@ import dataclasses
 import logging
 import math
 import os
+import sys
 import time
 from collections import deque
 from contextlib import contextmanager
@@ -44,17 +45,11 @@ from typing import Any
 
 from stepkit.errors import ConfigError, StepkitError, one_line
 from stepkit.matching import match_by_id
-from stepkit.runner import (
-    Executor,
-    RunOptions,
-    RunSetup,
-    ShardPlan,
-    ShardResult,
-    Stage,
-    plan_shard,
-    prepare_run,
-    run_shard,
-)
+from stepkit.runner.executor import Executor
+from stepkit.runner.options import RunOptions
+from stepkit.runner.plan import RunSetup, ShardPlan, ShardResult, plan_shard, prepare_run
+from stepkit.runner.shard import run_shard
+from stepkit.stage import Stage
 
 FORWARDED_ENV_PREFIXES = ("STEPKIT_", "VLLM_", "HF_", "TRANSFORMERS_", "TOKENIZERS_")
 """Environment variables the actors get from the command that started them (model cache, engine and
@@ -156,7 +151,7 @@ class _ClusterProgress:
         if self.enabled:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-            from stepkit.views import make_console
+            from stepkit.console import make_console
 
             self.p = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("rows"),
                               TextColumn("{task.fields[tok]}"), TextColumn("{task.fields[shards]}"),
@@ -402,7 +397,5 @@ def _say(console, line: str) -> None:
     if console is not None:
         console.print(line, markup=False, highlight=False)
     else:
-        import click
-
-        click.echo(line, err=True)
+        print(line, file=sys.stderr, flush=True)
 
