@@ -3,9 +3,6 @@ agreement matrix."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -13,7 +10,7 @@ import pytest
 from stepkit.errors import InputError
 from stepkit.grading.verdicts import labels_from_first_error
 from stepkit.stages.evaluate import agreement_report, processbench_report
-from tests.conftest import DATA
+from tests.conftest import DATA, run_cli
 
 # split, gold first error, predicted first error (None: missing), number of steps
 CONSTRUCTED = [
@@ -66,8 +63,7 @@ def test_null_prediction_is_missing_and_a_later_stage_error_hides_nothing(tmp_pa
 
 def test_oracle_scores_100_on_real_processbench(tmp_path):
     out = tmp_path / "pb.parquet"
-    subprocess.run([sys.executable, "-m", "stepkit.cli", "ingest", "processbench",
-                    str(DATA / "processbench" / "gsm8k.json"), str(out)], check=True, capture_output=True)
+    run_cli("ingest", "processbench", DATA / "processbench" / "gsm8k.json", out)
     t = pq.read_table(out)
     gold = t.column("reference_first_error").to_pylist()
     labels = [labels_from_first_error(g, len(s)) for g, s in zip(gold, t.column("steps").to_pylist())]
@@ -101,12 +97,10 @@ def test_bad_columns(constructed, tmp_path):
         processbench_report(constructed, "nope")
     with pytest.raises(InputError, match="column 'source': expected a first-error index"):
         processbench_report(constructed, "source")
-    p = subprocess.run([sys.executable, "-m", "stepkit.cli", "eval", "agreement", str(constructed),
-                        "--a", "pred", "--b", "id"], capture_output=True, text=True)
+    p = run_cli("eval", "agreement", constructed, "--a", "pred", "--b", "id", check=False)
     assert p.returncode == 1 and p.stderr.startswith("error: ") and p.stderr.count("\n") == 1
     assert "c.parquet: column 'id'" in p.stderr
-    p = subprocess.run([sys.executable, "-m", "stepkit.cli", "eval", "processbench", str(tmp_path / "missing.parquet"),
-                        "--pred", "pred"], capture_output=True, text=True)
+    p = run_cli("eval", "processbench", tmp_path / "missing.parquet", "--pred", "pred", check=False)
     assert p.returncode == 1 and p.stderr.count("\n") == 1
 
 
@@ -145,8 +139,7 @@ def test_folder_checks_kinds_ids_and_unfinished_runs(constructed, tmp_path):
     (folder / "c.parquet.parts").mkdir()
     r = processbench_report(folder, "pred")
     assert r["unfinished"] == [str(folder / "c.parquet.parts")]
-    p = subprocess.run([sys.executable, "-m", "stepkit.cli", "eval", "processbench", str(folder), "--pred", "pred"],
-                       capture_output=True, text=True)
+    p = run_cli("eval", "processbench", folder, "--pred", "pred", check=False)
     assert p.returncode == 0 and "unfinished run(s) in the folder" in p.stdout
     assert p.stderr.count("warning:") == 1 and "1 run(s) not finished (c.parquet.parts)" in p.stderr
 
@@ -159,6 +152,5 @@ def test_empty_label_list_without_steps_is_missing(tmp_path):
 
 def test_json_report_never_overwrites_a_shard(constructed):
     before = constructed.read_bytes()
-    p = subprocess.run([sys.executable, "-m", "stepkit.cli", "eval", "processbench", str(constructed), "--pred", "pred",
-                        "--json", str(constructed)], capture_output=True, text=True)
+    p = run_cli("eval", "processbench", constructed, "--pred", "pred", "--json", constructed, check=False)
     assert p.returncode == 2 and "must end in .json" in p.stderr and constructed.read_bytes() == before

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pyarrow.parquet as pq
 import pytest
@@ -13,7 +11,7 @@ from stepkit.errors import InputError
 from stepkit.grading.verify import checker_settings
 from stepkit.schema import TRAJECTORY_SCHEMA
 from stepkit.stages.ingest import IngestOptions, first_error_status, ingest, ratings_to_labels
-from tests.conftest import DATA
+from tests.conftest import DATA, run_cli
 
 
 def rows_of(path):
@@ -170,8 +168,7 @@ def test_bad_jsonl_line_names_file_and_row(tmp_path, checker):
 
 
 def test_cli_ingest_error_is_one_line(tmp_path):
-    p = subprocess.run([sys.executable, "-m", "stepkit.cli", "ingest", "gsm8k", str(tmp_path / "nope.jsonl"),
-                        str(tmp_path / "o.parquet")], capture_output=True, text=True, timeout=120)
+    p = run_cli("ingest", "gsm8k", tmp_path / "nope.jsonl", tmp_path / "o.parquet", check=False)
     assert p.returncode == 1
     assert p.stderr.strip() == f"error: {tmp_path / 'nope.jsonl'}: no such file"
 

@@ -233,8 +233,7 @@ def test_ingest_from_a_named_pipe(tmp_path):
     fifo = tmp_path / "test.jsonl"
     os.mkfifo(fifo)
     _feed(fifo, data)
-    p = subprocess.run([sys.executable, "-m", "stepkit.cli", "ingest", "gsm8k", str(fifo), str(tmp_path / "o.parquet")],
-                       capture_output=True, text=True, timeout=90)  # before: blocked forever re-opening the pipe
+    p = run_cli("ingest", "gsm8k", fifo, tmp_path / "o.parquet", check=False)  # before: blocked forever re-opening the pipe
     assert p.returncode == 0, p.stderr
     m = json.loads((tmp_path / "o.manifest.json").read_text())
     assert m["input"]["sha256"] == hashlib.sha256(data).hexdigest() and m["counts"]["rows"] == 5

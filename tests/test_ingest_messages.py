@@ -262,8 +262,6 @@ def test_ingest_messages_from_a_named_pipe_reads_it_once(tmp_path, tau, as_list)
     pipe's head (``error: ...: expected a JSON list of ProcessBench rows`` / ``row 0: not valid JSON``)."""
     import hashlib
     import os
-    import subprocess
-    import sys
     import threading
 
     convs = tau[:3]
@@ -277,8 +275,7 @@ def test_ingest_messages_from_a_named_pipe_reads_it_once(tmp_path, tau, as_list)
 
     threading.Thread(target=feed, daemon=True).start()
     out = tmp_path / "o.parquet"
-    p = subprocess.run([sys.executable, "-m", "stepkit.cli", "ingest", "messages", str(fifo), str(out)],
-                       capture_output=True, text=True, timeout=90)
+    p = run_cli("ingest", "messages", fifo, out, check=False)
     assert p.returncode == 0, p.stderr
     assert [row_messages(r) for r in pq.read_table(out).to_pylist()] == [c["traj"] for c in convs]
     m = json.loads(out.with_name("o.manifest.json").read_text())

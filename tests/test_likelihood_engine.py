@@ -1,7 +1,8 @@
 """likelihood-label against the real engines with the bundled model: offline vLLM and a real vLLM server give
 the same values, and both agree with a plain transformers forward pass (so token positions are right).
 
-One engine at a time: the offline run is a subprocess that ends before the server starts."""
+One engine at a time: the offline runs borrow the session's engine, which is closed before the session's
+server starts (tests/conftest.py orders them); what they build is session-scoped, so it is built once."""
 
 from __future__ import annotations
 
@@ -17,14 +18,14 @@ from tests.conftest import run_cli as run
 pytestmark = pytest.mark.engine
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def pb(tmp_path_factory):
     out = tmp_path_factory.mktemp("pb") / "pb.parquet"
     run("ingest", "processbench", DATA / "processbench" / "gsm8k.json", out, "--limit", 3)
     return out
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def offline(pb, tmp_path_factory):
     out = tmp_path_factory.mktemp("lh") / "vllm.parquet"
     p = run("likelihood-label", pb, out, "--model", "smollm2-135m", "--no-progress")
@@ -69,15 +70,11 @@ def test_values_match_a_transformers_forward_pass(pb, offline):
     assert math.isclose(value, row["lh_value"][0], abs_tol=0.15), (value, row["lh_value"][0])  # bf16 vs fp32
 
 
-def test_openai_server_gives_the_same_values(pb, offline, tmp_path):
-    from stepkit.models import resolve_model
-    from tests.servers import vllm_server
-
+def test_openai_server_gives_the_same_values(pb, offline, vllm_server_url, tmp_path):
     out, _ = offline
-    with vllm_server(resolve_model("smollm2-135m")) as url:
-        served = tmp_path / "openai.parquet"
-        run("likelihood-label", pb, served, "--engine", "openai", "--model", "smollm2-135m", "--base-url", url,
-            "--no-progress")
+    served = tmp_path / "openai.parquet"
+    run("likelihood-label", pb, served, "--engine", "openai", "--model", "smollm2-135m", "--base-url",
+        vllm_server_url, "--no-progress")
     a, b = pq.read_table(out).to_pylist(), pq.read_table(served).to_pylist()
     worst = 0.0
     for x, y in zip(a, b):
@@ -96,25 +93,28 @@ def test_stats_say_what_the_bundled_model_cannot_do(offline):
 
 
 def test_implicit_prm_with_the_model_as_its_own_reference(pb, tmp_path):
-    """Policy and reference are the same model, loaded one after the other: every step's log-ratio is 0, so
+    """Policy and reference are the same model (the session's engine, lent to both specs): every step's log-ratio is 0, so
     both passes scored the same tokens at the same positions. (The command refuses this configuration, whose
     rewards are 0 by construction: tests/test_likelihood.py; the stage built with an explicit reference spec
     is this check's way in.)"""
     from stepkit.engines.base import EngineSpec, SamplingConfig
     from stepkit.runner import run_stage
     from stepkit.stages.likelihood import LikelihoodConfig, LikelihoodStage
+    from tests import shared_engines
 
     out = tmp_path / "ip.parquet"
     stage = LikelihoodStage(LikelihoodConfig(method="implicit-prm", reference_model="smollm2-135m"),
                             EngineSpec("vllm", "smollm2-135m", 0), SamplingConfig(),
                             reference=EngineSpec("vllm", "smollm2-135m", 0))
-    run_stage(stage, pb, out, progress=False)
+    with shared_engines.lent():  # both specs are the session's engine: policy and reference passes alike
+        run_stage(stage, pb, out, progress=False)
     rows = pq.read_table(out).to_pylist()
     for r in rows:
         assert r["lh_status"] == "ok" and len(r["lh_reward"]) == len(r["steps"])
         assert max(abs(x) for x in r["lh_reward"]) <= 1e-3 and max(abs(x) for x in r["lh_q"]) <= 1e-2
 
 
+@pytest.mark.other_engine
 def test_reading_the_prefix_cache_changes_no_value(pb, offline, tmp_path):
     """The offline engine reads the prefix cache for scoring (only positions after the cached prefix are kept);
     with prefix caching off every text is prefilled whole. The values agree to bf16 noise on these rows."""

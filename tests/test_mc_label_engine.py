@@ -57,6 +57,7 @@ def _engine_children(pid: int) -> list:
         return []
 
 
+@pytest.mark.own_engine
 def test_cli_end_to_end_killed_and_resumed(solutions, tmp_path):
     """The whole command as a user runs it, on 3 real solutions: killed (whole process group, vLLM's
     engine-core child included) after its first committed chunk, then run again to completion."""
@@ -108,12 +109,8 @@ def test_cli_end_to_end_killed_and_resumed(solutions, tmp_path):
 
 
 @pytest.fixture(scope="module")
-def engine():
-    from stepkit.engines.vllm_engine import VLLMEngine
-
-    e = VLLMEngine("smollm2-135m", seed=0)
-    yield e
-    e.close()
+def engine(vllm_engine):
+    return vllm_engine  # the session's (tests/shared_engines.py)
 
 
 class KeepOpen(MCLabelStage):

@@ -48,12 +48,8 @@ def seeds(tmp_path_factory, checker):
 
 
 @pytest.fixture(scope="module")
-def engine():
-    from stepkit.engines.vllm_engine import VLLMEngine
-
-    e = VLLMEngine("smollm2-135m", seed=0)
-    yield e
-    e.close()
+def engine(vllm_engine):
+    return vllm_engine  # the session's (tests/shared_engines.py)
 
 
 class KeepOpen(MCTSLabelStage):
@@ -96,6 +92,7 @@ def test_tree_pairs_and_paths_agree(engine, checker, seeds, tmp_path):
         assert nodes[p["chosen_node_id"]]["parent_id"] == nodes[p["rejected_node_id"]]["parent_id"] == p["node_id"]
 
 
+@pytest.mark.own_engine
 def test_cli_killed_after_a_committed_chunk_resumes(seeds, tmp_path):
     out = tmp_path / "m.parquet"
     parts = tmp_path / "m.parquet.parts"

@@ -19,8 +19,8 @@ from stepkit.engines.base import Completion, Request, SamplingConfig, make_engin
 from stepkit.engines.openai_engine import EngineUnavailable, OpenAIEngine, parse_prometheus
 from stepkit.errors import ConfigError, StepkitError
 from stepkit.shards import read_manifest
-from tests.conftest import DATA, ROOT
-from tests.servers import FakeServer, free_port, vllm_server
+from tests.conftest import DATA, ROOT, run_cli
+from tests.servers import FakeServer, free_port
 
 GREEDY = SamplingConfig(temperature=0.0, max_tokens=12)
 SAMPLED = SamplingConfig(temperature=1.0, max_tokens=8)
@@ -218,16 +218,14 @@ def test_prometheus_parsing():
 
 
 # ---------------------------------------------------------------------------------------------------
-# the real vLLM server (one per module)
+# the real vLLM server (the session's)
 
 
 @pytest.fixture(scope="module")
-def server():
-    from stepkit.models import resolve_model
-
-    with vllm_server(resolve_model("smollm2-135m")) as url:
-        print(f"\nvLLM server ready in {url.server.start_seconds[-1]:.1f} s at {url}")
-        yield url
+def server(vllm_server_url):
+    """The session's real server (tests/shared_engines.py; also read by tests/test_likelihood_engine.py)."""
+    print(f"\nvLLM server ready in {vllm_server_url.server.start_seconds[-1]:.1f} s at {vllm_server_url}")
+    return vllm_server_url
 
 
 @pytest.fixture(scope="module")
@@ -330,16 +328,12 @@ def test_real_throughput_figure(engine):
 
 
 def _ingest_solutions(path, limit):
-    p = subprocess.run([sys.executable, "-m", "stepkit.cli", "ingest", "gsm8k-solutions",
-                        str(DATA / "gsm8k" / "example_model_solutions.jsonl"), str(path), "--limit", str(limit),
-                        "--generator", "175b_verification"], capture_output=True, text=True, cwd=ROOT, timeout=600)
+    p = run_cli("ingest", "gsm8k-solutions", DATA / "gsm8k" / "example_model_solutions.jsonl", path, "--limit", limit, "--generator", "175b_verification", check=False)
     assert p.returncode == 0, p.stderr[-3000:]
 
 
 def _mc_label(server, inp, out, *extra, timeout=900):
-    return subprocess.run([sys.executable, "-m", "stepkit.cli", "mc-label", str(inp), str(out), "--engine", "openai",
-                           "--base-url", str(server), "--model", "smollm2-135m", "-k", "2", "--max-tokens", "64",
-                           "--no-progress", *extra], capture_output=True, text=True, cwd=ROOT, timeout=timeout)
+    return run_cli("mc-label", inp, out, "--engine", "openai", "--base-url", server, "--model", "smollm2-135m", "-k", "2", "--max-tokens", "64", "--no-progress", *extra, check=False)
 
 
 def _check_labeled(rows):
@@ -372,12 +366,9 @@ def test_real_cli_mc_label_through_the_server(server, tmp_path):
 def test_real_cli_rollout_through_the_server(server, tmp_path):
     """rollout on 4 real GSM8K problems x 4 samples through the openai engine."""
     problems = tmp_path / "problems.parquet"
-    subprocess.run([sys.executable, "-m", "stepkit.cli", "ingest", "gsm8k", str(DATA / "gsm8k" / "test.jsonl"),
-                    str(problems), "--limit", "4"], check=True, capture_output=True, cwd=ROOT, timeout=300)
+    run_cli("ingest", "gsm8k", DATA / "gsm8k" / "test.jsonl", problems, "--limit", "4")
     out = tmp_path / "rollouts.parquet"
-    p = subprocess.run([sys.executable, "-m", "stepkit.cli", "rollout", str(problems), str(out), "--engine", "openai",
-                        "--base-url", str(server), "--model", "smollm2-135m", "-n", "4", "--max-tokens", "160",
-                        "--no-progress"], capture_output=True, text=True, cwd=ROOT, timeout=900)
+    p = run_cli("rollout", problems, out, "--engine", "openai", "--base-url", server, "--model", "smollm2-135m", "-n", "4", "--max-tokens", "160", "--no-progress", check=False)
     assert p.returncode == 0, p.stderr[-3000:]
     rows = pq.read_table(out).to_pylist()
     assert len(rows) == 16 and [r["id"] for r in rows[:4]] == [f"gsm8k-test-0:r{j}" for j in range(4)]
@@ -395,7 +386,7 @@ def test_real_cli_rollout_through_the_server(server, tmp_path):
 def test_real_server_killed_mid_run_then_restarted_resumes(server, tmp_path):
     """Kill the server's whole process group while `stepkit mc-label` runs: the command fails with one line
     and keeps only whole committed chunks; after a restart on the same port the same command resumes.
-    Must stay the module's last test (it restarts the shared server)."""
+    Must stay the session's last server test (it restarts the shared server)."""
     solutions = tmp_path / "solutions.parquet"
     _ingest_solutions(solutions, 4)
     out = tmp_path / "labeled.parquet"

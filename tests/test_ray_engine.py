@@ -24,6 +24,7 @@ from tests.conftest import DATA, ROOT, run_cli
 pytestmark = pytest.mark.engine
 
 
+@pytest.mark.own_engine
 def test_mc_label_on_ray_builds_the_engine_once_in_its_actor(ray_cluster, tmp_path):
     sol = tmp_path / "sol.parquet"
     run_cli("ingest", "gsm8k-solutions", DATA / "gsm8k" / "example_model_solutions.jsonl", sol, "--limit", "1")

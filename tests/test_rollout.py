@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 
 import pyarrow.parquet as pq
@@ -17,7 +15,7 @@ from stepkit.grading.verify import checker_settings
 from stepkit.runner import run_stage
 from stepkit.stages.ingest import IngestOptions, ingest
 from stepkit.stages.rollout import RolloutConfig, RolloutPrompt, RolloutStage, fewshot_from_problems, load_recipe
-from tests.conftest import DATA, ROOT
+from tests.conftest import DATA, ROOT, run_cli
 
 STEPKIT = [sys.executable, "-m", "stepkit.cli"]
 
@@ -88,17 +86,13 @@ def test_recipe_file(tmp_path):
 
 def test_cli_chain_ingest_rollout_mc_label_scripted(problems, tmp_path):
     roll, lab = tmp_path / "roll.parquet", tmp_path / "lab.parquet"
-    p = subprocess.run([*STEPKIT, "rollout", str(problems), str(roll), "--engine", "scripted", "--model",
-                        "scripted:echo", "-n", "2", "--no-progress", "--recipe",
-                        str(ROOT / "recipes" / "gsm8k-rollout.yaml"), "--temperature", "0.3"],
-                       capture_output=True, text=True, timeout=300)
+    p = run_cli("rollout", problems, roll, "--engine", "scripted", "--model", "scripted:echo", "-n", "2", "--no-progress", "--recipe", ROOT / "recipes" / "gsm8k-rollout.yaml", "--temperature", "0.3", check=False)
     assert p.returncode == 0, p.stderr
     m = json.loads((tmp_path / "roll.manifest.json").read_text())
     assert m["config"]["samples"] == 2 and m["config"]["sampling"]["temperature"] == 0.3  # flag beats recipe
     recipe = load_recipe(ROOT / "recipes" / "gsm8k-rollout.yaml")
     assert m["config"]["sampling"]["max_tokens"] == recipe["max_tokens"]  # recipe beats default
-    p = subprocess.run([*STEPKIT, "mc-label", str(roll), str(lab), "--engine", "scripted", "--model",
-                        "scripted:echo", "-k", "2", "--no-progress"], capture_output=True, text=True, timeout=300)
+    p = run_cli("mc-label", roll, lab, "--engine", "scripted", "--model", "scripted:echo", "-k", "2", "--no-progress", check=False)
     assert p.returncode == 0, p.stderr
     rows = pq.read_table(lab).to_pylist()
     assert len(rows) == 8 and all(len(r["mc_value"]) == len(r["steps"]) for r in rows if r["mc_value"])
@@ -107,9 +101,7 @@ def test_cli_chain_ingest_rollout_mc_label_scripted(problems, tmp_path):
 @pytest.mark.engine
 def test_rollout_real_engine_4_problems_x_4_samples(problems, tmp_path):
     out = tmp_path / "roll.parquet"
-    p = subprocess.run([*STEPKIT, "rollout", str(problems), str(out), "--model", "smollm2-135m", "-n", "4",
-                        "--max-tokens", "160", "--no-progress"], capture_output=True, text=True, timeout=900,
-                       env={**os.environ})
+    p = run_cli("rollout", problems, out, "--model", "smollm2-135m", "-n", "4", "--max-tokens", "160", "--no-progress", check=False)
     assert p.returncode == 0, p.stderr[-3000:]
     rows = pq.read_table(out).to_pylist()
     assert len(rows) == 16
@@ -159,9 +151,7 @@ def test_rollout_keeps_reference_steps(problems, checker, tmp_path):
 
 
 def test_fewshot_exemplars_must_not_be_the_problems_sampled(problems, tmp_path):
-    p = subprocess.run([sys.executable, "-m", "stepkit.cli", "rollout", str(problems), str(tmp_path / "o.parquet"),
-                        "--engine", "scripted", "--model", "scripted:echo", "--fewshot", "1", "--fewshot-file",
-                        str(problems), "--no-progress"], capture_output=True, text=True)
+    p = run_cli("rollout", problems, tmp_path / "o.parquet", "--engine", "scripted", "--model", "scripted:echo", "--fewshot", "1", "--fewshot-file", problems, "--no-progress", check=False)
     assert p.returncode == 1 and "row 0, column 'prompt': this problem is also a few-shot exemplar" in p.stderr
 
 
@@ -176,8 +166,6 @@ def test_fewshot_exemplars_must_not_be_the_problems_sampled(problems, tmp_path):
 def test_bad_recipe_is_one_error_naming_the_recipe(problems, tmp_path, text, msg):
     recipe = tmp_path / "r.yaml"
     recipe.write_bytes(text if isinstance(text, bytes) else text.encode())
-    p = subprocess.run([*STEPKIT, "rollout", str(problems), str(tmp_path / "o.parquet"), "--engine", "scripted",
-                        "--model", "scripted:echo", "--no-progress", "--recipe", str(recipe)],
-                       capture_output=True, text=True)
+    p = run_cli("rollout", problems, tmp_path / "o.parquet", "--engine", "scripted", "--model", "scripted:echo", "--no-progress", "--recipe", recipe, check=False)
     assert p.returncode == 1 and p.stderr.startswith(f"error: {recipe}: ") and p.stderr.count("\n") == 1, p.stderr
     assert msg in p.stderr

@@ -15,15 +15,19 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tests.conftest import DATA
+from tests.conftest import DATA, run_cli
 
 STEPKIT = [sys.executable, "-m", "stepkit.cli"]
 SCRIPTED = ["--engine", "scripted", "--model", "scripted:echo", "-k", "2", "--no-progress"]
 
 
 def run(*args, env=None, check=True):
-    p = subprocess.run([*STEPKIT, *map(str, args)], capture_output=True, text=True,
-                       env={**os.environ, **(env or {})}, timeout=300)
+    """``stepkit ARGS``: in-process (tests.conftest.run_cli), or in a process of its own when ``env`` is given."""
+    if env is None:
+        p = run_cli(*args, check=False)
+    else:
+        p = subprocess.run([*STEPKIT, *map(str, args)], capture_output=True, text=True,
+                           env={**os.environ, **env}, timeout=300)
     if check and p.returncode != 0:
         raise AssertionError(f"stepkit {args} failed ({p.returncode}):\n{p.stderr}")
     return p

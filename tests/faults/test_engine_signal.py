@@ -29,6 +29,7 @@ def wait_for_room(max_engines: int = 1, timeout: float = 600) -> None:
         time.sleep(5)
 
 
+@pytest.mark.own_engine
 def test_sigterm_leaves_no_engine_process_and_the_rerun_resumes(tmp_path, fault_table):
     sols = tmp_path / "solutions.parquet"
     stepkit("ingest", "gsm8k-solutions", DATA / "gsm8k" / "example_model_solutions.jsonl", sols, "--limit", "3",
