@@ -17,7 +17,7 @@ LAYERS = [
     ("stepkit", "stepkit.errors", "stepkit.options", "stepkit.console", "stepkit.matching", "stepkit.metrics",
      "stepkit.conversations", "stepkit.columns", "stepkit.columns_legacy", "stepkit.schema", "stepkit.shards",
      "stepkit.models", "stepkit.prompts", "stepkit.grading"),
-    ("stepkit.engines", "stepkit.stage"),
+    ("stepkit.engines", "stepkit.stage", "stepkit.per_row"),
     ("stepkit.runner",),
     ("stepkit.stages", "stepkit.views"),
     ("stepkit.cli",),

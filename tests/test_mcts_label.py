@@ -15,7 +15,8 @@ from stepkit.engines.scripted import ScriptedEngine
 from stepkit.errors import ConfigError
 from stepkit.runner import run_stage
 from stepkit.schema import TRAJECTORY_SCHEMA
-from stepkit.stages.mcts_label import MCTSConfig, MCTSLabelStage, Tree
+from stepkit.stages.mcts_label import MCTSConfig, MCTSLabelStage
+from stepkit.stages.mcts_tree import Tree
 from tests.conftest import load_cases
 
 C = [f"c{i}" for i in range(1, 7)]  # the correct solution's steps

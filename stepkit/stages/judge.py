@@ -36,15 +36,15 @@ Columns (one entry per step for the list columns):
 
 from __future__ import annotations
 
-import dataclasses
+import asyncio
 from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
 
 from stepkit.columns import Column
-from stepkit.engines.base import EngineSpec, Request, SamplingConfig
-from stepkit.errors import ConfigError, RowError
+from stepkit.engines.base import EngineSpec, SamplingConfig
+from stepkit.errors import ConfigError
 from stepkit.grading.answers import find_boxes
 from stepkit.grading.verdicts import (
     VerdictParseError,
@@ -57,6 +57,7 @@ from stepkit.grading.verdicts import (
     vote_steps,
 )
 from stepkit.options import Config, opt
+from stepkit.per_row import Counters, sample_parsed
 from stepkit.prompts import JUDGE_MODES, PromptTemplate, judge_template, load_template, render_judge
 from stepkit.schema import CONVERSATION_STEP_COLUMNS
 from stepkit.stage import LabelerStage
@@ -83,7 +84,6 @@ COLUMNS = (
            status="judge_status"),
 )
 _EMPTY = {c.name: None for c in COLUMNS}
-_RETRY_SEED_STRIDE = 1_000_003
 
 
 def parse_reply(text: str, finish_reason: str, mode: str, n_steps: int,
@@ -206,51 +206,38 @@ class JudgeStage(LabelerStage):
 
     # -- the method ---------------------------------------------------------------------------------
     def process(self, rows: list[dict]) -> tuple[list[dict], dict[str, int]]:
-        """Judge one chunk: every row's V replies go to the engine in one call, then one call per retry
-        round for the replies that failed to parse. Returns the rows with ``judge_*`` columns and the
-        chunk's counters (replies, parse_failures, retry_replies, parse_failure_rows, ties)."""
-        counters = {"replies": 0, "parse_failures": 0, "retry_replies": 0, "parse_failure_rows": 0, "ties": 0}
+        """Judge one chunk: one coroutine per row on the engine's asynchronous path
+        (:func:`stepkit.per_row.sample_parsed`: the row's V replies in one request, then one request per
+        retry round for the replies that failed to parse; no row waits for another's retries). Returns the
+        rows with ``judge_*`` columns and the chunk's counters (replies, parse_failures, retry_replies,
+        parse_failure_rows, ties)."""
+        counters = Counters("replies", "parse_failures", "retry_replies", "parse_failure_rows", "ties")
         out = [{**row, **_EMPTY} for row in rows]
         todo = [r for r in out if not r.get("error")]
-        prompts = {id(r): render_judge(self.engine, self.template, r["prompt"], r["steps"], r.get("step_observations"))
-                   for r in todo}
-        valid: dict[int, list] = {id(r): [] for r in todo}
-        quotes = {id(r): solution_answers(r) for r in todo}
-        for r in todo:
-            r.update(judge_replies=[], judge_parse_failures=0)
-        rounds = 1 + (self.retries if self.sampling.temperature > 0 else 0)
-        for attempt in range(rounds):
-            wanted = [(r, self.votes - len(valid[id(r)])) for r in todo
-                      if not r.get("error") and len(valid[id(r)]) < self.votes]
-            if not wanted:
-                break
-            # Per-request seeds (GPU) are seed + request index: a retry round shifts the seed, or the same
-            # prompt at the same index would give the same unparseable reply again.
-            sampling = self.sampling if attempt == 0 else dataclasses.replace(
-                self.sampling, seed=self.sampling.seed + attempt * _RETRY_SEED_STRIDE)
-            results = self.engine.generate([Request(prompts[id(r)], n) for r, n in wanted], sampling)
-            for (r, _), comps in zip(wanted, results):
-                for c in comps:
-                    counters["replies"] += 1
-                    counters["retry_replies"] += attempt > 0
-                    if c.finish_reason == "error":
-                        r["error"] = RowError(self.name, f"engine: {c.error}")
-                        continue
-                    r["judge_replies"].append(c.text)
-                    try:
-                        valid[id(r)].append(parse_reply(c.text, c.finish_reason, self.mode, len(r["steps"]),
-                                                        quotes[id(r)], score_tags(self.template)))
-                    except VerdictParseError as e:
-                        r["judge_parse_failures"] += 1
-                        r["judge_parse_error"] = str(e)
-                        counters["parse_failures"] += 1
-        for r in todo:
-            if r.get("error"):
-                r.update(_EMPTY)
-            elif valid[id(r)]:
-                r.update(vote_row(self.mode, len(r["steps"]), valid[id(r)]))
-                counters["ties"] += bool(r["judge_tie"])
-            else:
-                r.update(judge_status="parse_failure", judge_valid_votes=0)
-                counters["parse_failure_rows"] += 1
+
+        async def judge_all():
+            await asyncio.gather(*(self._judge_row(r, counters) for r in todo))
+
+        asyncio.run(judge_all())
         return out, counters
+
+    async def _judge_row(self, r: dict, counters: Counters) -> None:
+        prompt = render_judge(self.engine, self.template, r["prompt"], r["steps"], r.get("step_observations"))
+        quotes, tags, n_steps = solution_answers(r), score_tags(self.template), len(r["steps"])
+        got = await sample_parsed(
+            self.engine, prompt, self.sampling, stage=self.name, want=self.votes, retries=self.retries,
+            parse=lambda c: parse_reply(c.text, c.finish_reason, self.mode, n_steps, quotes, tags),
+            parse_errors=(VerdictParseError,))
+        counters.add("replies", got.received)
+        counters.add("retry_replies", got.retry_replies)
+        counters.add("parse_failures", got.failures)
+        if got.error is not None:
+            r["error"] = got.error  # the runner nulls this stage's columns on the row
+            return
+        r.update(judge_replies=got.replies, judge_parse_failures=got.failures, judge_parse_error=got.last_failure)
+        if got.parsed:
+            r.update(vote_row(self.mode, n_steps, got.parsed))
+            counters.add("ties", bool(r["judge_tie"]))
+        else:
+            r.update(judge_status="parse_failure", judge_valid_votes=0)
+            counters.add("parse_failure_rows")

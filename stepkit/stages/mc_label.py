@@ -50,6 +50,7 @@ from stepkit.errors import RowError
 from stepkit.grading.answers import extract_final_answer
 from stepkit.grading.verdicts import labels_from_first_error
 from stepkit.options import Config, opt
+from stepkit.per_row import engine_error
 from stepkit.prompts import CONTINUATION, PromptTemplate, render_continuation
 from stepkit.schema import LABELER_REQUIRED
 from stepkit.stage import LabelerStage
@@ -282,7 +283,7 @@ class MCLabelStage(LabelerStage):
             for c in comps:
                 e.rollouts += 1
                 if c.finish_reason == "error":
-                    r["error"] = RowError(self.name, f"engine: {c.error}")
+                    r["error"] = engine_error(self.name, c)
                 elif c.truncated:
                     e.truncated += 1
                     counters["truncated"] += 1

@@ -58,8 +58,7 @@ chunks (``group_by``), so its tree is committed whole.
 from __future__ import annotations
 
 import asyncio
-import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -80,7 +79,7 @@ from stepkit.schema import (
     extend_schema,
 )
 from stepkit.stage import EngineStage, SideOutput
-from stepkit.stages.mc_label import FirstErrorSearch
+from stepkit.stages.mcts_tree import Node, Rollout, Tree
 
 VALUES = ("own", "subtree")
 
@@ -170,206 +169,6 @@ class MCTSConfig(Config):
         if self.rollout_budget is not None and self.rollout_budget < self.continuations + self.filter_rollouts:
             raise ConfigError(f"--rollout-budget {self.rollout_budget} leaves no room for the root's "
                               f"{self.filter_rollouts + self.continuations} rollouts")
-
-
-@dataclass(eq=False)
-class Rollout:
-    """One rollout: the state it continues, its own steps, outcome (None: truncated) and token count."""
-
-    state: Node
-    steps: tuple[str, ...]
-    text: str
-    correct: bool | None
-    tokens: int
-    seed: dict | None = None  # the input row, for seed rollouts
-
-    @property
-    def path(self) -> tuple[str, ...]:
-        return self.state.prefix + self.steps
-
-
-@dataclass(eq=False)
-class Node:
-    """A state: a step prefix with its own rollouts and visit count."""
-
-    index: int
-    prefix: tuple[str, ...]
-    rollouts: list[Rollout] = field(default_factory=list)
-    visits: int = 0
-    ready: Any = None  # an asyncio future, done once the state's rollouts are in
-
-    @property
-    def graded(self) -> list[Rollout]:
-        return [r for r in self.rollouts if r.correct is not None]
-
-    @property
-    def successes(self) -> int:
-        return sum(1 for r in self.rollouts if r.correct)
-
-    @property
-    def truncated(self) -> int:
-        return sum(1 for r in self.rollouts if r.correct is None)
-
-    @property
-    def mc(self) -> float | None:
-        """``MC(s)``: successes / graded own rollouts (None with none graded)."""
-        g = len(self.graded)
-        return self.successes / g if g else None
-
-
-class Tree:
-    """One problem's search: nodes by prefix, the candidate pool, selection and the budget.
-
-    Args:
-        cfg: the search options.
-        sample: ``await sample(prefix, k) -> [(steps, text, correct, tokens), ...]``: k rollouts of a
-            state, ``correct`` None when truncated (the stage's engine + grader; tests pass exact policies).
-        sep: how the steps of a path are joined (the seeds' ``step_separator``).
-    """
-
-    def __init__(self, cfg: MCTSConfig, sample, sep: str = "\n"):
-        self.cfg, self.sample, self.sep = cfg, sample, sep
-        self.nodes: dict[tuple[str, ...], Node] = {}
-        self.pool: list[tuple[Node, Rollout]] = []
-        self.continuations = 0  # sampled by this search (filter rollouts included)
-        self.selections = 0
-        self.filter_continuations = 0
-        self.budget_stop = False
-        self.root = self.node(())
-
-    def node(self, prefix: tuple[str, ...]) -> Node:
-        if prefix not in self.nodes:
-            self.nodes[prefix] = Node(len(self.nodes), prefix)
-        return self.nodes[prefix]
-
-    def can_spend(self, k: int) -> bool:
-        """Whether ``k`` more continuations fit the budget (checked before every estimate)."""
-        b = self.cfg.rollout_budget
-        return b is None or self.continuations + k <= b
-
-    async def estimate(self, state: Node) -> None:
-        """K rollouts of ``state`` (exactly K: a state is estimated once); its incorrect ones join the pool
-        when ``0 < MC < 1``. The K continuations are counted before the request goes out, so searches
-        running side by side never overdraw the budget."""
-        self.continuations += self.cfg.continuations
-        state.ready = asyncio.get_running_loop().create_future()
-        try:
-            got = await self.sample(state.prefix, self.cfg.continuations)
-            for steps, text, correct, tokens in got:
-                state.rollouts.append(Rollout(state, tuple(steps), text, correct, tokens))
-            self._add_candidates(state)
-        finally:
-            state.ready.set_result(None)
-
-    def _add_candidates(self, state: Node) -> None:
-        mc = state.mc
-        if mc is not None and 0 < mc < 1:
-            self.pool += [(state, r) for r in state.rollouts if r.correct is False and r.steps]
-
-    def score(self, state: Node, rollout: Rollout, total_visits: int) -> float:
-        """``Q(s, r) + U(s)`` with the current visit counts."""
-        c = self.cfg
-        q = c.alpha ** (1 - state.mc) * c.beta ** (rollout.tokens / c.length_scale)
-        u = c.c_puct * math.sqrt(total_visits) / (1 + state.visits)
-        return q + u
-
-    def select(self) -> tuple[Node, Rollout] | None:
-        """Take the best pool entry (first of equals), remove it for good and count the visit."""
-        if not self.pool:
-            return None
-        total = sum(n.visits for n in self.nodes.values())
-        best = max(range(len(self.pool)), key=lambda i: (self.score(*self.pool[i], total), -i))
-        state, rollout = self.pool.pop(best)
-        state.visits += 1
-        self.selections += 1
-        return state, rollout
-
-    async def search(self, seeds: list[Rollout]) -> str:
-        """Run the whole search; return the problem's status."""
-        c = self.cfg
-        if c.filter_rollouts:  # the question filter also sees the seeds' outcomes
-            got = await self.sample((), c.filter_rollouts)
-            self.continuations += c.filter_rollouts
-            self.filter_continuations = c.filter_rollouts
-            graded = [ok for _, _, ok, _ in got if ok is not None] + [r.correct for r in seeds if r.correct is not None]
-            if graded and (all(graded) or not any(graded)):
-                return "all_correct" if all(graded) else "all_wrong"
-        for r in seeds:
-            r.state = self.root
-            self.root.rollouts.append(r)
-        await self.estimate(self.root)
-        mc = self.root.mc
-        if mc is None:
-            return "no_signal"
-        if mc in (0.0, 1.0):
-            return "all_correct" if mc == 1 else "all_wrong"
-        self._changed = asyncio.Event()  # the pool grew or a search ended (parallel selections wait on it)
-        self._running = 0
-        await asyncio.gather(*(self._selections() for _ in range(c.parallel_selections)))
-        return "ok"
-
-    async def _selections(self) -> None:
-        """Select and binary-search until the limit, the budget or an empty pool. With
-        ``parallel_selections`` > 1 several of these run side by side on one tree: each takes the best
-        pair with the visit counts of that moment; a probe another search is estimating is awaited,
-        not estimated twice."""
-        c = self.cfg
-        while self.selections < c.search_limit and not self.budget_stop:
-            if not self.can_spend(c.continuations):  # a selection that cannot probe is not made
-                self.budget_stop = True
-                break
-            picked = self.select()
-            if picked is None:
-                if self._running == 0:
-                    break  # nothing left, and no running search can add to the pool
-                self._changed.clear()
-                await self._changed.wait()
-                continue
-            self._running += 1
-            try:
-                await self._binary_search(*picked)
-            finally:
-                self._running -= 1
-                self._changed.set()
-
-    async def _binary_search(self, state: Node, rollout: Rollout) -> None:
-        c = self.cfg
-        search = FirstErrorSearch(len(rollout.steps), False)
-        while (j := search.next_probe()) is not None:
-            prefix = state.prefix + rollout.steps[:j]
-            probe = self.nodes.get(prefix)
-            if probe is None:
-                if not self.can_spend(c.continuations):
-                    self.budget_stop = True
-                    return
-                probe = self.node(prefix)
-                await self.estimate(probe)
-                self._changed.set()
-            elif probe.ready is not None and not probe.ready.done():
-                await probe.ready
-            search.observe(j, probe.mc)
-
-    # -- what the tree says -----------------------------------------------------------------------
-
-    def parent(self, node: Node) -> Node | None:
-        """The deepest node whose prefix is a proper prefix of ``node``'s."""
-        for d in range(len(node.prefix) - 1, -1, -1):
-            p = self.nodes.get(node.prefix[:d])
-            if p is not None:
-                return p
-        return None
-
-    def value(self, node: Node) -> float | None:
-        if self.cfg.value == "own":
-            return node.mc
-        return self.subtree_value(node)
-
-    def subtree_value(self, node: Node) -> float | None:
-        """Mean outcome of every graded rollout whose path passes through ``node``'s prefix."""
-        n = len(node.prefix)
-        outs = [r.correct for s in self.nodes.values() for r in s.rollouts
-                if r.correct is not None and len(r.path) >= n and r.path[:n] == node.prefix]
-        return sum(outs) / len(outs) if outs else None
 
 
 class MCTSLabelStage(EngineStage):

@@ -28,6 +28,7 @@ from stepkit.errors import ConfigError, InputError, RowError, parse_failure
 from stepkit.grading.answers import extract_final_answer
 from stepkit.grading.steps import check_split, split_steps
 from stepkit.options import Config, check_field, field_names, opt
+from stepkit.per_row import engine_error
 from stepkit.schema import PROBLEM_FIELDS, TRAJECTORY_FIELDS, check_values
 from stepkit.shards import config_hash
 from stepkit.stage import EngineStage
@@ -251,7 +252,7 @@ class RolloutStage(EngineStage):
                        "final_answer": None}
                 counters["samples"] += 1
                 if c.finish_reason == "error":
-                    row.update(steps=[], step_separator="\n", error=RowError(self.name, f"engine: {c.error}"))
+                    row.update(steps=[], step_separator="\n", error=engine_error(self.name, c))
                     out.append(row)
                     continue
                 steps, sep = split_steps(c.text, self.prompt.split)

@@ -1,0 +1,116 @@
+"""The per-row patterns every LLM stage shares, written once below the stages.
+
+* :func:`sample_parsed`: sample replies to one prompt until ``want`` of them parse, with up to ``retries``
+  extra rounds (none at temperature 0, where the same prompt gives the same reply), each round's seed
+  shifted so a per-request seed (GPU, servers) does not give the same unparseable reply again. It runs on
+  the engine's asynchronous path (``await engine.agenerate``): a stage gathers one coroutine per row or
+  item and the engine batches whatever is in flight, so no row waits for another's retries (the
+  self-consistency loop of ProcessBench's critic, of ABSeeker's clue recovery, of an LLM verdict).
+* :func:`engine_error`: an engine's error completion as the stage's :class:`~stepkit.errors.RowError`
+  (the runner counts those against ``--max-error-rate``; the stage's own columns are nulled by the runner).
+* :class:`Counters`: a stage's counters for one chunk (``counters.add("replies")``), the runner's summary
+  and manifest read them as a plain dict (datatrove's ``stat_update``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from stepkit.engines.base import Completion, Request, SamplingConfig
+from stepkit.errors import RowError
+
+RETRY_SEED_STRIDE = 1_000_003
+"""A retry round ``k`` samples with seed ``seed + k * RETRY_SEED_STRIDE``: per-request seeds are ``seed +
+request index``, so a plain ``+ k`` would reuse another request's seed."""
+
+
+class Counters(Counter):
+    """A chunk's counters: ``counters.add(name, n=1)``; a :class:`collections.Counter` (a dict of ints), so
+    the runner sums and reports it like the plain dict a stage may also return. Names with a zero count
+    are kept when named at construction (``Counters("replies", "ties")``), so the summary shows them."""
+
+    def __init__(self, *names: str):
+        super().__init__({n: 0 for n in names})
+
+    def add(self, name: str, n: int = 1) -> None:
+        """Add ``n`` (an int, or a bool counted as 0/1) to counter ``name``."""
+        self[name] += int(n)
+
+
+def engine_error(stage: str, completion: Completion) -> RowError:
+    """The row error of an engine's error completion: ``"<stage>: engine: <why>"``."""
+    return RowError(stage, f"engine: {completion.error}")
+
+
+@dataclass
+class Sampled:
+    """What :func:`sample_parsed` got for one prompt.
+
+    Attributes:
+        parsed: the parsed values of the replies that parsed, in the order received (at most ``want``).
+        replies: every reply's text in the order received, valid or not.
+        failures: replies that failed to parse (retries included).
+        last_failure: the last parse failure's message (None when none failed).
+        error: the engine's row error when a reply was an error completion (sampling stopped there).
+        retry_replies: replies sampled in a retry round.
+        received: completions the engine returned, error completions included.
+    """
+
+    parsed: list[Any] = field(default_factory=list)
+    replies: list[str] = field(default_factory=list)
+    failures: int = 0
+    last_failure: str | None = None
+    error: RowError | None = None
+    retry_replies: int = 0
+    received: int = 0
+
+
+async def sample_parsed(engine, prompt: str, sampling: SamplingConfig, parse: Callable[[Completion], Any],
+                        stage: str, want: int = 1, retries: int = 0,
+                        parse_errors: tuple[type[Exception], ...] = (ValueError,)) -> Sampled:
+    """Sample replies to ``prompt`` until ``want`` parse, in at most ``1 + retries`` rounds.
+
+    Round ``k`` asks for the ``want - len(parsed)`` replies still missing in one request (``n`` of them, so a
+    prefix cache shares the prompt) with seed ``sampling.seed + k * RETRY_SEED_STRIDE``. ``parse(completion)``
+    returns the parsed value or raises one of ``parse_errors`` (a parse failure: counted, its message kept,
+    never a value). At temperature 0 there is one round whatever ``retries`` says. An error completion
+    stops the sampling and is returned as :attr:`Sampled.error` (:func:`engine_error`).
+
+    Args:
+        engine: an :class:`~stepkit.engines.base.Engine` (its ``agenerate``).
+        prompt: the rendered prompt.
+        sampling: the stage's sampling parameters.
+        parse: reads one completion (its text and finish reason).
+        stage: the stage's name, for the row error.
+        want: replies that must parse (``votes`` for a judge, 1 for a clue list or a verdict).
+        retries: extra rounds for replies that failed to parse.
+        parse_errors: the exceptions that mean "did not parse".
+
+    Returns:
+        A :class:`Sampled`.
+    """
+    out = Sampled()
+    rounds = 1 + (retries if sampling.temperature > 0 else 0)
+    for attempt in range(rounds):
+        missing = want - len(out.parsed)
+        if missing <= 0:
+            break
+        shifted = sampling if attempt == 0 else dataclasses.replace(
+            sampling, seed=sampling.seed + attempt * RETRY_SEED_STRIDE)
+        for c in await engine.agenerate(Request(prompt, missing), shifted):
+            out.received += 1
+            if c.finish_reason == "error":
+                out.error = engine_error(stage, c)
+                return out
+            out.replies.append(c.text)
+            out.retry_replies += attempt > 0
+            try:
+                out.parsed.append(parse(c))
+            except parse_errors as e:
+                out.failures += 1
+                out.last_failure = str(e)
+    return out
