@@ -10,6 +10,11 @@
   (the runner counts those against ``--max-error-rate``; the stage's own columns are nulled by the runner).
 * :class:`Counters`: a stage's counters for one chunk (``counters.add("replies")``), the runner's summary
   and manifest read them as a plain dict (datatrove's ``stat_update``).
+* :class:`ContinuationTally`: what the Monte Carlo labellers (``mc-label``, ``mcts-label``) check about the
+  continuations themselves, beside grading them: how many are *empty* (:attr:`Completion.empty`: counted
+  apart, a run where most are refused, :func:`empty_refusal`) and how many of a prefix's continuations are
+  *distinct* texts (a run whose :func:`distinct_share` is below :data:`MIN_DISTINCT_SHARE` gets one
+  warning, :func:`distinct_warning`).
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stepkit.engines.base import Completion, Request, SamplingConfig
-from stepkit.errors import RowError
+from stepkit.errors import RowError, StepkitError
 
 RETRY_SEED_STRIDE = 1_000_003
 """A retry round ``k`` samples with seed ``seed + k * RETRY_SEED_STRIDE``: per-request seeds are ``seed +
@@ -114,3 +119,80 @@ async def sample_parsed(engine, prompt: str, sampling: SamplingConfig, parse: Ca
                 out.failures += 1
                 out.last_failure = str(e)
     return out
+
+
+MIN_DISTINCT_SHARE = 0.5
+"""A labelling run whose :func:`distinct_share` is below this gets one warning: fewer than half of the
+continuations beyond each prefix's first differ from the ones sampled before them at that prefix."""
+
+MAX_EMPTY_SHARE = 0.5
+"""A labelling run where more than this share of the continuations is empty is refused (:func:`empty_refusal`)."""
+
+
+def distinct_texts(texts) -> int:
+    """How many different texts ``texts`` holds (exact string equality: two samples that differ by one
+    character are distinct)."""
+    return len(set(texts))
+
+
+class ContinuationTally:
+    """The continuations of one prefix, as the labellers count them apart from their grades.
+
+    ``add(texts)`` takes the texts of one prefix's non-empty, non-error continuations; the counters are
+    ``distinct_continuations`` (distinct texts) and ``repeated_continuations`` (copies of a text already
+    sampled at that prefix), over the *compared prefixes* (``compared_prefixes``: those with at least two
+    such continuations; a single sample cannot repeat), which is what :func:`distinct_share` reads.
+    """
+
+    NAMES = ("compared_prefixes", "distinct_continuations", "repeated_continuations")
+
+    @staticmethod
+    def add(counters: dict, texts: list[str]) -> int:
+        """Add one prefix's non-empty continuation texts to ``counters``; return their distinct count."""
+        d = distinct_texts(texts)
+        if len(texts) >= 2:
+            counters["compared_prefixes"] = counters.get("compared_prefixes", 0) + 1
+            counters["distinct_continuations"] = counters.get("distinct_continuations", 0) + d
+            counters["repeated_continuations"] = counters.get("repeated_continuations", 0) + len(texts) - d
+        return d
+
+
+def distinct_share(counters: dict) -> float | None:
+    """The share of a run's continuations, beyond the first of each compared prefix, whose text differs
+    from every earlier one of the same prefix: ``(distinct - P) / (distinct + repeated - P)`` over the P
+    compared prefixes (:class:`ContinuationTally`). 1.0: every continuation distinct; 0.0: every prefix's K
+    continuations are copies of one text, whatever K. None when no prefix had two continuations."""
+    p = counters.get("compared_prefixes", 0)
+    d, rep = counters.get("distinct_continuations", 0), counters.get("repeated_continuations", 0)
+    beyond = d + rep - p
+    return (d - p) / beyond if p and beyond > 0 else None
+
+
+def distinct_warning(stage: str, counters: dict, temperature: float | None = None) -> str | None:
+    """The one warning of a run whose :func:`distinct_share` is below :data:`MIN_DISTINCT_SHARE`, or None.
+    Its values are then estimated from copies of a few samples (an engine that ignores per-request seeds
+    with n > 1, a GPU build that repeats samples, a deterministic server, temperature 0)."""
+    share = distinct_share(counters)
+    if share is None or share >= MIN_DISTINCT_SHARE:
+        return None
+    cause = ("temperature 0 makes every continuation of a prefix the same" if temperature == 0 else
+             "the engine repeats samples (one that ignores per-request seeds with n > 1, a GPU build that "
+             "repeats samples, a deterministic server or scripted stand-in)")
+    return (f"{stage}: distinct share {share:.0%} (below {MIN_DISTINCT_SHARE:.0%}): of "
+            f"{counters.get('distinct_continuations', 0) + counters.get('repeated_continuations', 0)} continuations "
+            f"of {counters.get('compared_prefixes', 0)} prefixes, {counters.get('repeated_continuations', 0)} repeat "
+            f"a text already sampled at their prefix, so the values come from copies of few samples; likely cause: "
+            f"{cause}")
+
+
+def empty_refusal(stage: str, empty: int, total: int) -> StepkitError | None:
+    """The error that refuses a run where most continuations were empty (more than :data:`MAX_EMPTY_SHARE`
+    of ``total``, the continuations that were not error completions), or None. One line naming the likely
+    cause: the prompt already ends the assistant turn, or the model ends its turn at the prefix."""
+    if total <= 0 or empty <= MAX_EMPTY_SHARE * total:
+        return None
+    return StepkitError(
+        f"{stage}: {empty} of {total} continuations ({empty / total:.0%}) stopped at once with no text, so the "
+        f"prefixes cannot be valued; likely cause: the chat template closes the assistant turn after the prefix "
+        f"(the prompt ends with an end-of-turn token), or the model ends its turn at the prefix (look at a "
+        f"rendered prompt and the model's stop tokens); the chunks committed so far are kept")

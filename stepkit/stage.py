@@ -145,6 +145,11 @@ class Stage:
     def close(self) -> None:
         """Release what :meth:`open` loaded."""
 
+    def run_warnings(self, counters: dict[str, int]) -> list[str]:
+        """One-line warnings about a whole run, from its counters summed over the run's shards (the CLI
+        prints each once, after the summary, as ``warning: ...``); default none."""
+        return []
+
 
 class EngineStage(Stage):
     """A stage that samples with an engine and (when ``grades_answers``) grades answers with the answer

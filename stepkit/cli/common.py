@@ -103,6 +103,14 @@ def run(stage, inp, out, kw: dict, title: str, shown=None) -> None:
         return
     print_results(results, title, shown, getattr(stage, "tokens_kind", "generated"))
     failed = [r for r in results if r.status == "failed"]
+    totals: dict[str, int] = {}
+    for r in results:  # once per run, over the shards run now (an up-to-date shard reports no counters)
+        if r.status != "failed":
+            for k, v in r.counters.items():
+                if isinstance(v, int):
+                    totals[k] = totals.get(k, 0) + v
+    for line in stage.run_warnings(totals):
+        click.echo(f"warning: {line}", err=True)
     for r in failed:
         click.echo(f"error: {r.error}", err=True)
     if failed:

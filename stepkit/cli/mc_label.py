@@ -9,6 +9,7 @@ from rich.table import Table
 
 from stepkit.cli.common import engine_options, engine_spec, run, runner_options, sampling
 from stepkit.options import click_options, from_params
+from stepkit.per_row import MIN_DISTINCT_SHARE, ContinuationTally, distinct_share
 from stepkit.shards import read_manifest
 from stepkit.stages.mc_label import MCLabelConfig
 from stepkit.views import StageView
@@ -39,8 +40,6 @@ def _mc_tables(rows, console, figs, shards):
     status = Counter(r.get("mc_status") for r in rows)
     figs["mc_status"] = dict(status)
     by_pos: dict[int, list[float]] = {}
-    trunc = sum(sum(r.get("mc_truncated") or []) for r in rows)
-    cont = sum(sum(r.get("mc_rollouts") or []) for r in rows)
     for r in rows:
         for s, v in enumerate(r.get("mc_value") or []):
             # the last value is the graded outcome (unless filter cut the steps before the answer)
@@ -68,13 +67,47 @@ def _mc_tables(rows, console, figs, shards):
     s = Table(title="MC labelling", show_header=False)
     s.add_row("status", ", ".join(f"{k}: {v}" for k, v in status.items()))
     counts = [m.get("counts", {}) for m in map(read_manifest, shards) if m and m.get("stage") == "mc-label"]
+    tally = continuation_tally(rows, "mc_")
     if counts:  # the manifests count v_0's continuations too
-        cont = sum(c.get("continuations", 0) for c in counts)
-        trunc = sum(c.get("truncated", 0) for c in counts)
-    s.add_row("continuations (incl. v0)" if counts else "continuations from step prefixes", str(cont))
-    s.add_row("truncated (excluded from values)", str(trunc))
-    figs["continuations"], figs["truncated"] = cont, trunc
+        tally = {k: sum(c.get(k, 0) for c in counts) for k in ("continuations", "truncated", "empty",
+                                                                *ContinuationTally.NAMES)}
+    add_continuation_rows(s, figs, tally, "continuations (incl. v0)" if counts else
+                          "continuations from step prefixes")
     console.print(s)
+
+
+def continuation_tally(rows, prefix: str) -> dict[str, int]:
+    """The continuation counters of a run read from its rows' per-step columns (``<prefix>rollouts``,
+    ``truncated``, ``empty``, ``distinct``), for shards whose manifest is not at hand; a step with no count
+    (null) is skipped. Keys as :class:`~stepkit.per_row.ContinuationTally` and the stages' counters."""
+    t = dict.fromkeys(("continuations", "truncated", "empty", *ContinuationTally.NAMES), 0)
+    for r in rows:
+        cols = [r.get(prefix + c) or [] for c in ("rollouts", "truncated", "empty", "distinct")]
+        for roll, trunc, empty, distinct in zip(*cols):
+            if roll is None:
+                continue
+            t["continuations"] += roll
+            t["truncated"] += trunc or 0
+            t["empty"] += empty or 0
+            n = roll - (empty or 0)
+            if distinct is not None and n >= 2:
+                t["compared_prefixes"] += 1
+                t["distinct_continuations"] += distinct
+                t["repeated_continuations"] += n - distinct
+    return t
+
+
+def add_continuation_rows(table, figs, tally: dict[str, int], label: str) -> None:
+    """The continuation rows of a labeller's ``stats`` table: run, truncated, empty, distinct share."""
+    share = distinct_share(tally)
+    table.add_row(label, str(tally["continuations"]))
+    table.add_row("truncated (excluded from values)", str(tally["truncated"]))
+    table.add_row("empty: no text (excluded from values)", str(tally.get("empty", 0)))
+    table.add_row("distinct share (beyond each prefix's first continuation)",
+                  "-" if share is None else f"{share:.2f}" + (f" (below {MIN_DISTINCT_SHARE}: repeated samples)"
+                                                             if share < MIN_DISTINCT_SHARE else ""))
+    figs.update(continuations=tally["continuations"], truncated=tally["truncated"], empty=tally.get("empty", 0),
+                distinct_share=share)
 
 
 def _fmt(x, digits=2):
@@ -89,7 +122,13 @@ def _header(row):
 def _step_columns(row):
     if not row.get("mc_value"):
         return []
-    return [(c, "right") for c in ("succ/roll", "trunc", "value", "progress", "label")]
+    return [(c, "right") for c in ("succ/roll", "trunc", "empty", "distinct", "value", "progress", "label")]
+
+
+def _count(row, col, s) -> str:
+    """A per-step count, ``-`` for a shard written before the column existed."""
+    v = (row.get(col) or [None] * len(row["steps"]))[s]
+    return "-" if v is None else str(v)
 
 
 def _value_style(v) -> str:
@@ -104,7 +143,7 @@ def _step_cells(row, s):
     last = s == len(row["steps"]) - 1 and not row.get("filter_cut_by")  # a cut row ends before its outcome
     lab = row["mc_label"][s] if row.get("mc_label") else None
     cells = ["outcome" if last else f"{row['mc_successes'][s]}/{row['mc_rollouts'][s]}",
-             str(row["mc_truncated"][s]), _fmt(v), _fmt(row["mc_progress"][s]),
+             str(row["mc_truncated"][s]), _count(row, "mc_empty", s), _count(row, "mc_distinct", s), _fmt(v), _fmt(row["mc_progress"][s]),
              ("?" if lab is None else "ok" if lab else "WRONG") + ("" if est else " (inferred)")]
     return cells, "bold red" if row.get("mc_first_error") == s else _value_style(v)
 

@@ -8,7 +8,10 @@ import click
 from rich.table import Table
 
 from stepkit.cli.common import engine_options, engine_spec, run, runner_options, sampling
+from stepkit.cli.mc_label import add_continuation_rows, continuation_tally
 from stepkit.options import click_options, from_params
+from stepkit.per_row import ContinuationTally
+from stepkit.shards import read_manifest
 from stepkit.stages.mcts_label import MCTSConfig
 from stepkit.views import StageView
 
@@ -45,6 +48,19 @@ def _stats(rows, console, figs, shards):
     t.add_row("steps with a node value (last steps excluded)", str(labelled))
     t.add_row("first error (searched rows)",
               ", ".join(f"{'none (-1)' if k == -1 else k}: {fe[k]}" for k in sorted(fe, key=lambda x: (x is None, x or 0))))
+    counts = [m.get("counts", {}) for m in map(read_manifest, shards) if m and m.get("stage") == "mcts-label"]
+    if counts:  # the manifests count every node once (and the question filter's rollouts)
+        tally = {k: sum(c.get(k, 0) for c in counts) for k in ("continuations", "truncated", "empty",
+                                                                *ContinuationTally.NAMES)}
+    else:  # a node appears on every path through it: count each node once
+        nodes = {}
+        for r in rows:
+            for s, n in enumerate(r.get("mcts_node_id") or []):
+                if n is not None:
+                    nodes[n] = {c: [(r.get("mcts_" + c) or [None] * (s + 1))[s]]
+                                for c in ("rollouts", "truncated", "empty", "distinct")}
+        tally = continuation_tally(nodes.values(), "")
+    add_continuation_rows(t, figs, tally, "continuations")
     console.print(t)
 
 

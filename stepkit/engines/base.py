@@ -112,6 +112,14 @@ class Completion:
     def truncated(self) -> bool:
         return self.finish_reason == "length"
 
+    @property
+    def empty(self) -> bool:
+        """The engine stopped with no text (whitespace only), e.g. the model ended its turn at once, or the
+        prompt's chat template had already closed the assistant turn. It is not an error completion: it
+        splits into no step, which ``rollout`` keeps as a row error ("empty completion") and the labellers
+        count apart, outside every value's denominator (never graded as a wrong continuation)."""
+        return self.finish_reason != "error" and not self.text.strip()
+
 
 @dataclass(frozen=True)
 class ScoreRequest:

@@ -7,7 +7,8 @@ answer correctly. Every stage is also tested against the real vLLM engine.
 
 From the CLI, ``--engine scripted --model scripted:echo`` answers "The answer is <last number in the
 prompt>" (deterministic, fast); ``scripted:judge`` answers judge prompts (:func:`judge_policy`); ``scripted:clues`` answers the clue
-recovery and clue verification prompts of ``stepkit clue`` (:func:`clues_policy`); ``STEPKIT_SCRIPTED_DELAY`` (seconds per request or scored text) slows it
+recovery and clue verification prompts of ``stepkit clue`` (:func:`clues_policy`); ``scripted:empty`` stops at
+once with no text (:func:`empty_policy`: a model that ends its turn at the prefix); ``STEPKIT_SCRIPTED_DELAY`` (seconds per request or scored text) slows it
 down so tests can kill a run mid-shard.
 
 Scoring (:meth:`ScriptedEngine.score`): the text is split into tokens by :func:`scripted_tokens` (a word
@@ -134,6 +135,12 @@ def echo_policy(prompt: str, j: int, n: int) -> str:
     return f" so the total is computed.\nThe answer is {nums[-1] if nums else 0}."
 
 
+def empty_policy(prompt: str, j: int, n: int) -> str:
+    """Stop at once with no text, as a model does that ends its turn at the prefix (or whose chat template
+    already closed the assistant turn): every completion is empty."""
+    return ""
+
+
 _PARAGRAPH = re.compile(r"<paragraph_(\d+)>")
 _TURN = re.compile(r"<turn_(\d+)>")
 
@@ -233,16 +240,16 @@ class ScriptedEngine(Engine):
     @classmethod
     def from_spec(cls, spec: str) -> "ScriptedEngine":
         """``scripted`` or ``scripted:echo`` -> the echo policy, ``scripted:judge`` -> :func:`judge_policy`,
-        ``scripted:clues`` -> :func:`clues_policy`.
+        ``scripted:clues`` -> :func:`clues_policy`, ``scripted:empty`` -> :func:`empty_policy`.
 
         Raises:
             ConfigError: another name.
         """
         policies = {"scripted": echo_policy, "scripted:echo": echo_policy, "scripted:judge": judge_policy,
-                    "scripted:clues": clues_policy, "scripted:flat": echo_policy}
+                    "scripted:clues": clues_policy, "scripted:flat": echo_policy, "scripted:empty": empty_policy}
         if spec not in policies:
-            raise ConfigError(f"unknown scripted model {spec!r} (use scripted:echo, scripted:judge, scripted:clues "
-                              f"or scripted:flat)")
+            raise ConfigError(f"unknown scripted model {spec!r} (use scripted:echo, scripted:judge, scripted:clues, "
+                              f"scripted:flat or scripted:empty)")
         return cls(policies[spec], spec, float(os.environ.get("STEPKIT_SCRIPTED_DELAY", "0")),
                    scorer=flat_scorer if spec == "scripted:flat" else echo_scorer)
 

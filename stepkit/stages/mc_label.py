@@ -4,13 +4,16 @@ Method (Math-Shepherd, Wang et al. 2024; PAV "Rewarding Progress", Setlur et al.
 Luo et al. 2024). For a solution with M steps:
 
 * the value after step i (i = 1..M-1) is estimated from K continuations of the prefix ``steps[:i]``:
-  ``v_i = successes / (rollouts - truncated)`` (continuations cut off by ``max_tokens`` are excluded
-  from the denominator and reported, never counted as wrong);
+  ``v_i = successes / (rollouts - truncated - empty)`` (continuations cut off by ``max_tokens``, and
+  *empty* ones that stop at once with no text, are excluded from the denominator and reported, never
+  counted as wrong: an empty continuation has no answer to grade; ``rollout`` keeps an empty completion
+  as a row error for the same reason);
 * the value after the last step, ``v_M``, is the graded outcome itself (1.0 / 0.0, no continuations);
 * ``v_0`` (``mc_value_start``) comes from K continuations of the bare problem.
 
 Per step s = 0..M-1 (the step that ends prefix i = s + 1) the row gets list columns with one entry per
-step: ``mc_rollouts``, ``mc_successes``, ``mc_truncated`` (counts), ``mc_value`` (soft label, null when not
+step: ``mc_rollouts``, ``mc_successes``, ``mc_truncated``, ``mc_empty``, ``mc_distinct`` (counts),
+``mc_value`` (soft label, null when not
 estimated or all truncated), ``mc_label`` (hard label: value > 0, Math-Shepherd's hard estimation),
 ``mc_estimated`` (the value is known: continuations were run, or it is the graded last step),
 ``mc_progress`` (``v_i - v_{i-1}``, PAV's progress/advantage). Per row: ``mc_value_start``,
@@ -24,6 +27,18 @@ none) and ``mc_status``:
 * ``no_signal``: no continuation from any prefix succeeded (all failed or were truncated), so the
   completer cannot solve the problem and the labels carry no information: ``mc_label`` and ``mc_first_error`` are null (never "step 0 is
   wrong"); counts and values are kept.
+
+Checks on the continuations themselves (:mod:`stepkit.per_row`, shared with ``mcts-label``):
+
+* ``mc_distinct`` counts the distinct texts among a prefix's non-empty continuations (K copies of one
+  sample: 1). The manifest counts ``compared_prefixes``, ``distinct_continuations`` and
+  ``repeated_continuations`` (v_0 included); a run whose distinct share (the share of continuations beyond
+  each prefix's first that differ from the earlier ones, :func:`stepkit.per_row.distinct_share`) is below
+  :data:`stepkit.per_row.MIN_DISTINCT_SHARE` (0.5) gets one warning with the share: its values come from
+  copies of few samples (an engine that ignores per-request seeds with n > 1, temperature 0, ...).
+* a run where more than half of the continuations are empty is refused with one line
+  (:func:`stepkit.per_row.empty_refusal`: the chat template closes the assistant turn, or the model ends
+  its turn at the prefix), checked after every chunk over the continuations this process sampled.
 
 Modes:
 
@@ -50,7 +65,7 @@ from stepkit.errors import RowError
 from stepkit.grading.answers import extract_final_answer
 from stepkit.grading.verdicts import labels_from_first_error
 from stepkit.options import Config, opt
-from stepkit.per_row import engine_error
+from stepkit.per_row import ContinuationTally, distinct_warning, empty_refusal, engine_error
 from stepkit.prompts import CONTINUATION, PromptTemplate, render_continuation
 from stepkit.schema import LABELER_REQUIRED
 from stepkit.stage import LabelerStage
@@ -62,8 +77,12 @@ COLUMNS = (  # per step s: the prefix that ends with step s (i = s + 1)
     Column("mc_rollouts", _INT, "continuations run from the prefix", per_step=True),
     Column("mc_successes", _INT, "continuations whose final answer is equivalent to the reference", per_step=True),
     Column("mc_truncated", _INT, "continuations cut off by max_tokens (out of the denominator)", per_step=True),
-    Column("mc_value", _FLOAT, "successes / (rollouts - truncated), the last step's the graded outcome; null: not "
-           "estimated", per_step=True, role="value", scale="unit", status="mc_status"),
+    Column("mc_empty", _INT, "continuations that stopped at once with no text (out of the denominator)",
+           per_step=True),
+    Column("mc_distinct", _INT, "distinct texts among the non-empty continuations (K copies of one sample: 1)",
+           per_step=True),
+    Column("mc_value", _FLOAT, "successes / (rollouts - truncated - empty), the last step's the graded outcome; "
+           "null: not estimated", per_step=True, role="value", scale="unit", status="mc_status"),
     Column("mc_label", _BOOL, "hard label: value > 0 (Math-Shepherd's hard estimate), or inferred by the binary "
            "search", per_step=True, role="label", status="mc_status"),
     Column("mc_estimated", _BOOL, "the value is known (continuations run, or the graded last step)", per_step=True),
@@ -98,11 +117,13 @@ class PrefixEstimate:
     rollouts: int = 0
     successes: int = 0
     truncated: int = 0
+    empty: int = 0  # stopped at once with no text: out of the denominator, like truncated ones
+    distinct: int = 0  # distinct texts among the non-empty continuations
 
     @property
     def value(self) -> float | None:
-        """``successes / (rollouts - truncated)``, or None when every continuation was truncated."""
-        graded = self.rollouts - self.truncated
+        """``successes / (rollouts - truncated - empty)``, or None when no continuation was graded."""
+        graded = self.rollouts - self.truncated - self.empty
         return self.successes / graded if graded > 0 else None
 
 
@@ -169,6 +190,8 @@ def label_row(n_steps: int, outcome_correct: bool, est: dict[int, PrefixEstimate
         "mc_rollouts": [est[i].rollouts if i in est else 0 for i in range(1, n_steps + 1)],
         "mc_successes": [est[i].successes if i in est else 0 for i in range(1, n_steps + 1)],
         "mc_truncated": [est[i].truncated if i in est else 0 for i in range(1, n_steps + 1)],
+        "mc_empty": [est[i].empty if i in est else 0 for i in range(1, n_steps + 1)],
+        "mc_distinct": [est[i].distinct if i in est else 0 for i in range(1, n_steps + 1)],
         "mc_value": values,
         "mc_label": labels,
         "mc_estimated": estimated,
@@ -202,6 +225,7 @@ class MCLabelStage(LabelerStage):
                  template: PromptTemplate = CONTINUATION):
         super().__init__(cfg, engine, sampling, checker_factory)
         self.k, self.mode, self.template = cfg.continuations, cfg.mode, template
+        self._sampled = {"empty": 0, "total": 0}  # this process's continuations, for the empty refusal
 
     # -- runner interface -------------------------------------------------------------------------
     def config(self) -> dict[str, Any]:
@@ -212,10 +236,15 @@ class MCLabelStage(LabelerStage):
         """Label one chunk. Exhaustive mode sends all of its continuation requests in one engine call;
         binary mode runs each row's search in its own coroutine on the engine's asynchronous path. Either
         way vLLM batches what is in flight and shared prefixes hit its cache. Returns the rows with
-        ``mc_*`` columns and the chunk's counters (continuations, truncated, successes,
-        prefixes_estimated, no_signal, ungraded)."""
-        counters = {"continuations": 0, "truncated": 0, "successes": 0, "prefixes_estimated": 0,
-                    "no_signal": 0, "ungraded": 0}
+        ``mc_*`` columns and the chunk's counters (continuations, truncated, empty, successes,
+        prefixes_estimated, no_signal, ungraded, and :class:`~stepkit.per_row.ContinuationTally`'s).
+
+        Raises:
+            StepkitError: more than half of the continuations sampled so far were empty
+                (:func:`~stepkit.per_row.empty_refusal`); the chunk is not committed.
+        """
+        counters = {"continuations": 0, "truncated": 0, "empty": 0, "successes": 0, "prefixes_estimated": 0,
+                    "no_signal": 0, "ungraded": 0, **dict.fromkeys(ContinuationTally.NAMES, 0)}
         todo = []
         out = []
         for row in rows:
@@ -242,6 +271,8 @@ class MCLabelStage(LabelerStage):
             self._estimate([(r, i) for r in todo for i in range(len(r["steps"]))], est, counters)
         else:  # one coroutine per row: no row's next probe waits for another row's slowest continuation
             asyncio.run(self._search_all(todo, est, counters))
+        if refused := empty_refusal(self.name, self._sampled["empty"], self._sampled["total"]):
+            raise refused
         for r in todo:
             if r.get("error"):
                 continue
@@ -265,6 +296,11 @@ class MCLabelStage(LabelerStage):
 
         await asyncio.gather(*(coro for r in rows for coro in (estimate(r, 0), search(r))))
 
+    def run_warnings(self, counters: dict[str, int]) -> list[str]:
+        """The distinct-share warning of a run (:func:`~stepkit.per_row.distinct_warning`), if any."""
+        w = distinct_warning(self.name, counters, self.sampling.temperature)
+        return [w] if w else []
+
     def _request(self, r: dict, i: int) -> Request:
         return Request(render_continuation(self.engine, r["prompt"], r["steps"], r.get("step_separator") or "\n",
                                            i, self.template), self.k)
@@ -280,16 +316,26 @@ class MCLabelStage(LabelerStage):
         pairs, where = [], []
         for (r, i), comps in zip(wanted, results):
             e = est[id(r)].setdefault(i, PrefixEstimate())
+            texts = []
             for c in comps:
                 e.rollouts += 1
                 if c.finish_reason == "error":
                     r["error"] = engine_error(self.name, c)
-                elif c.truncated:
+                    continue
+                self._sampled["total"] += 1
+                if c.empty:  # as rollout's "empty completion": no answer to grade, never a wrong one
+                    e.empty += 1
+                    counters["empty"] += 1
+                    self._sampled["empty"] += 1
+                    continue
+                texts.append(c.text)
+                if c.truncated:
                     e.truncated += 1
                     counters["truncated"] += 1
                 else:
                     pairs.append((r["reference_answer"], extract_final_answer(c.text)))
                     where.append(e)
+            e.distinct = ContinuationTally.add(counters, texts)
             counters["continuations"] += len(comps)
             counters["prefixes_estimated"] += 1
         for e, ok in zip(where, self.checker.check_many(pairs)):

@@ -7,7 +7,14 @@ preference pairs as in MCTS-DPO). Per problem:
 * A **state** is the problem plus a step prefix (a node of the tree, ``node_id`` ``<problem_id>/n<k>``,
   ``n0`` the root). A **rollout** is a completion from a state to a final answer, split into steps with
   ``--split`` and graded against ``reference_answer``; one cut off by ``max_tokens`` is *truncated*:
-  counted, excluded from values, never a candidate. ``MC(s) = successes / graded`` over the state's own
+  counted, excluded from values, never a candidate; one that stops at once with no text is *empty*
+  (:attr:`stepkit.engines.base.Completion.empty`, ``rollout``'s "empty completion"): the same, counted
+  apart (``mcts_empty``), and a run where more than half of the sampled rollouts are empty is refused with
+  one line (:func:`stepkit.per_row.empty_refusal`: the chat template closes the assistant turn, or the
+  model ends its turn at the prefix). ``mcts_distinct`` counts the distinct texts among a node's own
+  sampled, non-empty rollouts; the manifest counts them (``compared_prefixes``,
+  ``distinct_continuations``, ``repeated_continuations``) and a run whose distinct share is below
+  :data:`stepkit.per_row.MIN_DISTINCT_SHARE` gets one warning (as ``mc-label``'s). ``MC(s) = successes / graded`` over the state's own
   rollouts (K = ``--continuations`` sampled ones; the root also owns the problem's seed rows when IN is
   a trajectories shard).
 * The root gets K rollouts. A problem whose root MC is 1 or 0 is recorded as ``all_correct`` /
@@ -70,6 +77,7 @@ from stepkit.errors import ConfigError, InputError, RowError
 from stepkit.grading.answers import extract_final_answer
 from stepkit.grading.steps import check_split, split_steps
 from stepkit.options import Config, opt
+from stepkit.per_row import ContinuationTally, distinct_warning, empty_refusal
 from stepkit.prompts import CONTINUATION, PromptTemplate, render_continuation
 from stepkit.schema import (
     PROBLEM_FIELDS,
@@ -88,6 +96,10 @@ COLUMNS = (  # per step: the node whose prefix ends at that step (null: not a no
            "step's the graded outcome", per_step=True, role="value", scale="unit", status="mcts_status"),
     Column("mcts_rollouts", pa.list_(pa.int32()), "continuations run from the node", per_step=True),
     Column("mcts_successes", pa.list_(pa.int32()), "of them, correct", per_step=True),
+    Column("mcts_empty", pa.list_(pa.int32()), "of them, sampled ones that stopped at once with no text (out of "
+           "the value's denominator)", per_step=True),
+    Column("mcts_distinct", pa.list_(pa.int32()), "distinct texts among the node's sampled non-empty rollouts",
+           per_step=True),
     Column("mcts_visits", pa.list_(pa.int32()), "times the search selected the node", per_step=True),
     Column("mcts_label", pa.list_(pa.bool_()), "value > 0", per_step=True, role="label", status="mcts_status"),
     Column("mcts_node_id", pa.list_(pa.string()), "the node whose prefix ends at the step (null: none)",
@@ -109,6 +121,8 @@ NODE_SCHEMA = pa.schema([  # --tree-out: one row per node (state)
     pa.field("rollouts", pa.int32()),
     pa.field("successes", pa.int32()),
     pa.field("truncated", pa.int32()),
+    pa.field("empty", pa.int32()),  # sampled rollouts with no text (out of the value's denominator)
+    pa.field("distinct", pa.int32()),  # distinct texts among the sampled non-empty rollouts
     pa.field("value_own", pa.float32()),
     pa.field("value_subtree", pa.float32()),
 ])
@@ -196,6 +210,12 @@ class MCTSLabelStage(EngineStage):
                  template: PromptTemplate = CONTINUATION, generator: str | None = None):
         super().__init__(cfg, engine, sampling, checker_factory)
         self.template, self.generator = template, generator or engine.model
+        self._sampled = {"empty": 0, "total": 0}  # this process's continuations, for the empty refusal
+
+    def run_warnings(self, counters: dict[str, int]) -> list[str]:
+        """The distinct-share warning of a run (:func:`~stepkit.per_row.distinct_warning`), if any."""
+        w = distinct_warning(self.name, counters, self.sampling.temperature)
+        return [w] if w else []
 
     def config(self) -> dict[str, Any]:
         return {**super().config(), "prompt_template": {"version": self.template.version, "hash": self.template.hash()}}
@@ -237,19 +257,28 @@ class MCTSLabelStage(EngineStage):
 
     def process(self, rows: list[dict]):
         """Search every problem of the chunk concurrently; return its trajectory rows, counters and the
-        tree / pair rows."""
+        tree / pair rows.
+
+        Raises:
+            StepkitError: more than half of the rollouts sampled so far were empty
+                (:func:`~stepkit.per_row.empty_refusal`); the chunk is not committed.
+        """
         groups: dict[str, list[dict]] = {}
         for r in rows:
             groups.setdefault(r["problem_id"], []).append(r)
         golds = {g[0].get("reference_answer") for g in groups.values() if g[0].get("reference_answer")}
         bad = self.checker.gold_problems(sorted(golds)) if golds else {}
         results = asyncio.run(self._search_all(list(groups.values()), bad))
+        if refused := empty_refusal(self.name, self._sampled["empty"], self._sampled["total"]):
+            raise refused
         counters = {"problems": len(groups), "continuations": 0, "filter_continuations": 0, "selections": 0,
-                    "nodes": 0, "pairs": 0, "budget_stops": 0, "truncated": 0,
+                    "nodes": 0, "pairs": 0, "budget_stops": 0, "truncated": 0, "empty": 0,
+                    **dict.fromkeys(ContinuationTally.NAMES, 0),
                     **{f"problems_{s}": 0 for s in ("ok", "all_correct", "all_wrong", "no_signal", "error")}}
         out, tree_rows, pair_rows = [], [], []
         for group, (tree, status, error) in zip(groups.values(), results):
             counters["continuations"] += tree.continuations if tree else 0
+            counters["empty"] += tree.empty if tree else 0
             counters[f"problems_{status or 'error'}"] += 1
             if error is not None:
                 out += self._error_rows(group, error)
@@ -259,6 +288,8 @@ class MCTSLabelStage(EngineStage):
             counters["nodes"] += len(tree.nodes)
             counters["budget_stops"] += tree.budget_stop
             counters["truncated"] += sum(n.truncated for n in tree.nodes.values())
+            for n in tree.nodes.values():
+                ContinuationTally.add(counters, n.sampled_texts())
             rows_, nodes_, pairs_ = self._outputs(group, tree, status)
             out += rows_
             tree_rows += nodes_
@@ -300,13 +331,17 @@ class MCTSLabelStage(EngineStage):
             for c in comps:
                 if c.finish_reason == "error":
                     raise _EngineRowError(c.error)
+                self._sampled["total"] += 1
+                if c.empty:  # no answer to grade: ungraded like a truncated rollout (Rollout.empty), never wrong
+                    self._sampled["empty"] += 1
+                    tree.empty += 1
                 steps = split_steps(c.text, self.cfg.split)[0]
                 got.append([steps, c.text, None, c.num_tokens])
-                if not c.truncated:
+                if not c.truncated and not c.empty:
                     pairs.append((gold, extract_final_answer(c.text)))
             oks = iter(self.checker.check_many(pairs))
             for g, c in zip(got, comps):
-                if not c.truncated:
+                if not c.truncated and not c.empty:
                     g[2] = bool(next(oks))
             return [tuple(g) for g in got]
 
@@ -361,14 +396,15 @@ class MCTSLabelStage(EngineStage):
                           "depth": len(n.prefix), "step": n.prefix[-1] if n.prefix else None,
                           "edge_steps": list(n.prefix[len(p.prefix):]) if p else [],
                           "visits": n.visits, "rollouts": len(n.rollouts), "successes": n.successes,
-                          "truncated": n.truncated, "value_own": n.mc, "value_subtree": tree.subtree_value(n)})
+                          "truncated": n.truncated, "empty": n.empty,
+                          "distinct": len(set(n.sampled_texts())), "value_own": n.mc, "value_subtree": tree.subtree_value(n)})
         pairs = self._pairs(tree, first, node_id, values) if searched else []
         return rows, nodes, pairs
 
     def _labels(self, tree: Tree, path: tuple[str, ...], correct: bool | None, status: str, node_id, values):
         m = len(path)
-        cols = {k: [] for k in ("mcts_value", "mcts_rollouts", "mcts_successes", "mcts_visits", "mcts_label",
-                                "mcts_node_id")}
+        cols = {k: [] for k in ("mcts_value", "mcts_rollouts", "mcts_successes", "mcts_empty", "mcts_distinct",
+                                "mcts_visits", "mcts_label", "mcts_node_id")}
         for s in range(m):
             n = tree.nodes.get(path[:s + 1])
             v = values[n] if n is not None else None
@@ -377,6 +413,8 @@ class MCTSLabelStage(EngineStage):
             cols["mcts_value"].append(v)
             cols["mcts_rollouts"].append(len(n.rollouts) if n else None)
             cols["mcts_successes"].append(n.successes if n else None)
+            cols["mcts_empty"].append(n.empty if n else None)
+            cols["mcts_distinct"].append(len(set(n.sampled_texts())) if n else None)
             cols["mcts_visits"].append(n.visits if n else None)
             cols["mcts_label"].append(None if v is None else v > 0)
             cols["mcts_node_id"].append(node_id[n] if n else None)

@@ -29,6 +29,12 @@ class Rollout:
     def path(self) -> tuple[str, ...]:
         return self.state.prefix + self.steps
 
+    @property
+    def empty(self) -> bool:
+        """A sampled rollout that stopped at once with no text (:attr:`stepkit.engines.base.Completion.empty`):
+        ungraded (``correct`` None) like a truncated one, counted apart."""
+        return self.seed is None and self.correct is None and not self.steps and not self.text.strip()
+
 
 @dataclass(eq=False)
 class Node:
@@ -50,7 +56,17 @@ class Node:
 
     @property
     def truncated(self) -> int:
-        return sum(1 for r in self.rollouts if r.correct is None)
+        """Own rollouts cut off by ``max_tokens`` (ungraded seeds included; empty ones are :attr:`empty`)."""
+        return sum(1 for r in self.rollouts if r.correct is None and not r.empty)
+
+    @property
+    def empty(self) -> int:
+        """Own sampled rollouts that stopped at once with no text (out of ``MC``'s denominator)."""
+        return sum(1 for r in self.rollouts if r.empty)
+
+    def sampled_texts(self) -> list[str]:
+        """The texts of the state's own sampled, non-empty rollouts (seeds excluded), in sampling order."""
+        return [r.text for r in self.rollouts if r.seed is None and not r.empty]
 
     @property
     def mc(self) -> float | None:
@@ -77,6 +93,7 @@ class Tree:
         self.selections = 0
         self.filter_continuations = 0
         self.budget_stop = False
+        self.empty = 0  # sampled continuations with no text (the question filter's included); the stage counts
         self.root = self.node(())
 
     def node(self, prefix: tuple[str, ...]) -> Node:
