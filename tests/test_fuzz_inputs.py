@@ -547,7 +547,7 @@ def test_filter_reader_fuzz(case, rules, flag_only):
         stage = FilterStage(FilterConfig(rule=tuple(rules), flag_only=flag_only, remove=1,
                                          dropped=None if flag_only else str(dropped)))
         got = check_stage(stage, src, out, faults, side_outputs=[] if flag_only else [dropped], one_to_one=flag_only,
-                          clean_ok=["a typo would drop every row"])
+                          clean_ok=["so it would drop every row"])
         for r in got.to_pylist() if got is not None else []:
             assert r["steps"] and 1 <= r["filter_kept_steps"] <= len(r["steps"]) <= r["filter_steps_before"]
             for c in PER_STEP if not flag_only else ():  # per-step columns cut with the steps
@@ -790,7 +790,8 @@ def test_a_status_typo_leaves_nothing_behind(tmp_path):
     """Before: the typo check ran in the first chunk, after the parts folder was made (found by the fuzz)."""
     src = _shard(tmp_path, mc_status=pa.array(["no_signal", "no_signal"]))
     before = listing(tmp_path)
-    with pytest.raises(ConfigError, match="no input row has mc_status ok .present: no_signal.; a typo would drop"):
+    with pytest.raises(ConfigError, match=r"no input row has mc_status ok, so it would drop every row \(present: "
+                                          r"no_signal \(2 rows\)\); every row is no_signal, which mc_status uses for a row with no labels"):
         _filter(src, "status:mc_status=ok", flag_only=False)
     check_nothing_left(tmp_path, before)
 

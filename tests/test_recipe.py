@@ -73,19 +73,30 @@ def test_processbench_recipe_judge_only(tmp_path):
 
 
 def test_pipeline_recipe_ends_with_a_hub_ready_folder(tmp_path):
-    """ingest -> rollout -> mc-label -> judge -> filter -> export -> publish --dry-run, scripted engines."""
+    """ingest -> rollout -> mc-label -> judge -> filter -> export -> publish --dry-run, scripted engines,
+    with nothing but MODEL=scripted:echo given (issue 25, item 8: it stopped at filter, no row having a
+    signal)."""
     import datasets
+
+    from tests.conftest import run_cli
 
     work = tmp_path / "pipe"
     args = ["make", "-f", "recipes/pipeline.mk", f"WORK={work}", f"DATA={DATA}", "N=3", "SAMPLES=2", "K=2",
-            "MODEL=scripted:echo", "JUDGE_MODEL=scripted:judge", "ENGINE_ARGS=--engine scripted",
-            "FILTER_RULES=no-error steps:1-", "EXPORT_ARGS=--format trl --labels judge_label",
-            f"STEPKIT={sys.executable} -m stepkit.cli"]
+            "MODEL=scripted:echo", f"STEPKIT={sys.executable} -m stepkit.cli"]
     p = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     stages = [line.split("stepkit.cli ")[1].split()[0] for line in p.stdout.splitlines() if "stepkit.cli" in line]
     assert stages == ["ingest", "rollout", "mc-label", "judge", "filter", "export", "publish"]
     assert "nothing uploaded" in p.stderr
+    # why the real-model default keeps nothing here: echo's continuations never succeed, and are copies
+    labelled = pq.read_table(work / "labeled.parquet").to_pylist()
+    assert {r["mc_status"] for r in labelled} == {"no_signal"}
+    assert p.stderr.count("warning: mc-label: distinct share 0%") == 1
+    r = run_cli("filter", work / "judged.parquet", tmp_path / "f.parquet", "--rule", "status:mc_status=ok",
+                "--flag-only", check=False)
+    (line,) = r.stderr.strip().splitlines()
+    assert r.returncode == 1 and "(present: no_signal (6 rows))" in line and "this is no typo" in line
+    assert "a typo would drop" not in line and "could label no row" in line and "scripted stand-in" in line
     card = (work / "dataset" / "README.md").read_text()
     for stage in ("ingest", "rollout", "mc-label", "judge", "filter"):
         assert f"**`{stage}`**" in card

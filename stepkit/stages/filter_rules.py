@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import math
 import re
+from collections import Counter
 from pathlib import Path
 
 import pyarrow as pa
 
-from stepkit.columns import read_meanings
+from stepkit.columns import Column, read_meanings
 from stepkit.errors import ConfigError, InputError
 from stepkit.grading.verdicts import first_error_of
 from stepkit.options import Config
@@ -182,17 +183,20 @@ class Status(Rule):
         # set while the runner plans (every shard of the run is validated first): does any input row, in any
         # shard, have one of the values? A folder where one shard lacks a value is no typo.
         self.seen: bool | None = None
-        self.present: set[str] = set()
+        self.present: Counter = Counter()  # the column's values over the planned rows, as text
+        self.meaning: Column | None = None  # the column's declared meaning (from the first planned shard)
 
     def observe(self, rows) -> None:
         """Record, while planning, whether the input rows hold one of the values (see :meth:`decide`)."""
         col = self.columns[0]
         self.seen = bool(self.seen) or any(r.get(col) in self.values for r in rows)
-        self.present |= {str(r.get(col)) for r in rows}
+        self.present.update(str(r.get(col)) for r in rows)
 
     def check_schema(self, schema, path):
         super().check_schema(schema, path)
         col = self.columns[0]
+        if self.meaning is None:
+            self.meaning = read_meanings(schema, path).get(col)
         t = schema.field(col).type
         if pa.types.is_nested(t):
             raise InputError(path, f"--rule {self.text!r} compares a whole cell, found a "
@@ -216,13 +220,39 @@ class Status(Rule):
 
     def check_seen(self, rows=()) -> None:
         """Raise :class:`ConfigError` when no input row (observed while planning, else ``rows``) has one of
-        the values of a ``=`` rule: a typo would drop every row."""
+        the values of a ``=`` rule, which would drop every row. The line says what the column holds
+        (``present: no_signal (6 rows)``) and the likely cause (:meth:`_why_none`)."""
         col = self.columns[0]
         seen = self.seen if self.seen is not None else any(r.get(col) in self.values for r in rows)
         if not self.negate and (rows or self.seen is not None) and not seen:
-            present = sorted(self.present or {str(r.get(col)) for r in rows})[:10]
-            raise ConfigError(f"--rule {self.text!r}: no input row has {col} {' or '.join(self.raw)} (present: "
-                              f"{', '.join(present)}); a typo would drop every row")
+            present = self.present or Counter(str(r.get(col)) for r in rows)
+            held = ", ".join(f"{v} ({n} row{'s' if n != 1 else ''})" for v, n in
+                             sorted(present.items(), key=lambda kv: (-kv[1], kv[0]))[:10])
+            raise ConfigError(f"--rule {self.text!r}: no input row has {col} {' or '.join(self.raw)}, so it would "
+                              f"drop every row (present: {held}); {self._why_none(present)}")
+
+    def _why_none(self, present: Counter) -> str:
+        """The likely cause of a ``=`` rule matching no row, from the column's declared meaning: a value
+        the column does not declare is a typo; when every row holds a value that means "no labels", the
+        stage that wrote the column labelled no row; else the rows hold other declared values."""
+        col, m = self.columns[0], self.meaning
+        declared = list(m.values) if m is not None else []
+        unknown = [v for v in self.raw if v not in declared]
+        if declared and unknown:
+            return (f"{', '.join(unknown)} is not a value {col} declares ({', '.join(declared)}): a typo would "
+                    f"drop every row")
+        said = f'{col} declares: "{m.doc}"' if m is not None and declared and m.doc else None
+        wants_labels = m is not None and not set(self.raw) <= set(m.no_labels)
+        if wants_labels and m.no_labels and set(present) <= set(m.no_labels):
+            return (f"{f'this is no typo ({said}): ' if said else ''}every row is {' or '.join(sorted(present))}, "
+                    f"which {col} uses for a row with no labels, so the stage that wrote {col} could label no row; "
+                    f"likely cause: its model solves none of these problems (a model too small for them, or a "
+                    f"scripted stand-in), or its continuations were empty or copies (see that stage's summary and "
+                    f"warnings); filter with rules that need no labels, or label with a stronger model"
+                    f"{'' if declared else ' (or check the value spelling: the shard declares no values)'}")
+        if said:
+            return f"this is no typo ({said}): the rows hold other values; choose one of those"
+        return "check the value's spelling (a typo would drop every row)"
 
     def decide(self, rows, cfg):
         col = self.columns[0]
