@@ -233,6 +233,13 @@ def test_cli_warns_once_per_run_and_stats_shows_the_share(rollouts, tmp_path):
     assert "distinct share" in s.stdout and "0.00 (below 0.5: repeated samples)" in s.stdout
     assert "empty: no text" in s.stdout
 
+    trees = tmp_path / "trees"
+    r = run_cli("mcts-label", rollouts / "traj", trees, "--engine", "scripted", "--model", "scripted:echo", "-k", 3,
+                "--search-limit", 2, "--no-progress")
+    assert r.stderr.count("warning: mcts-label: distinct share 0%") == 1
+    s = run_cli("stats", trees)
+    assert "0.00 (below 0.5: repeated samples)" in s.stdout
+
 
 def test_cli_refuses_a_run_of_empty_continuations(rollouts, tmp_path):
     for stage in ("mc-label", "mcts-label"):

@@ -82,8 +82,9 @@ def continuation_tally(rows, prefix: str) -> dict[str, int]:
     (null) is skipped. Keys as :class:`~stepkit.per_row.ContinuationTally` and the stages' counters."""
     t = dict.fromkeys(("continuations", "truncated", "empty", *ContinuationTally.NAMES), 0)
     for r in rows:
-        cols = [r.get(prefix + c) or [] for c in ("rollouts", "truncated", "empty", "distinct")]
-        for roll, trunc, empty, distinct in zip(*cols):
+        rolls = r.get(prefix + "rollouts") or []
+        cols = [r.get(prefix + c) or [None] * len(rolls) for c in ("truncated", "empty", "distinct")]
+        for roll, trunc, empty, distinct in zip(rolls, *cols):  # (a shard from before mc_empty: no counts)
             if roll is None:
                 continue
             t["continuations"] += roll

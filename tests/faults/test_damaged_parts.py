@@ -36,7 +36,8 @@ def test_truncated_bit_flipped_and_replaced_parts_are_redone(solutions, referenc
     (parts / "part-00004.json").unlink()  # the counters of a chunk gone
 
     p = stepkit("mc-label", solutions, out, *MC_LABEL)
-    warnings = [line for line in p.stderr.splitlines() if line.startswith("warning: ")]
+    # (scripted:echo's K continuations of a prefix are copies: mc-label's distinct-share line is not a fault's)
+    warnings = [line for line in p.stderr.splitlines() if line.startswith("warning: ") and "distinct share" not in line]
     assert warnings == [
         f"warning: {p1}: committed chunk 1 is damaged (part-00001.parquet does not match the sha256 recorded "
         "when it was committed (changed since)); it is redone",

@@ -75,7 +75,8 @@ def test_stopped_mid_generation_cleans_up_and_resumes(solutions, reference, tmp_
     assert m["run"]["resumed_chunks"] == kept and m["run"]["chunks_this_run"] == 12 - kept
     assert pq.read_table(out).to_pylist() == pq.read_table(reference).to_pylist()
     lost = rows_lost(solutions, out)
-    assert lost == 0 and "warning" not in p.stderr
+    # (scripted:echo's K continuations of a prefix are copies: mc-label's distinct-share line is not a fault's)
+    assert lost == 0 and not [x for x in p.stderr.splitlines() if "warning" in x and "distinct share" not in x]
     fault_table.add(f"{how} during generation (scripted engine, {'to the process' if how == 'SIGTERM' else 'to the process group'})",
                     f"unwound like Ctrl-C: one line `stopped by {signum.name}; N committed chunk(s) kept`, exit "
                     f"{128 + signum}; lock file removed; checker workers gone; the rerun resumed", lost,
