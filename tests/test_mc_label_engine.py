@@ -180,3 +180,27 @@ def test_real_labels_through_filter_export_and_publish_dry_run(engine, checker, 
     ds = datasets.load_dataset(str(tmp_path / "ds"), cache_dir=str(tmp_path / "cache"))
     assert all(len(r["labels"]) == len(r["completions"]) for r in ds["train"])
     assert (tmp_path / "ds" / "images" / "value_by_step.png").stat().st_size > 1000
+
+
+def test_distinct_and_empty_counts_on_real_engine(engine, checker, solutions, tmp_path):
+    """Issue 25, items 1-2 on the real engine: temperature 0 gives K copies per prefix (distinct share 0,
+    the warning names temperature 0); sampling at 0.8 gives distinct texts. Counts stay consistent."""
+    from stepkit.per_row import distinct_share
+
+    shares = {}
+    for temperature in (0.0, 0.8):
+        st = KeepOpen(MCLabelConfig(continuations=4), EngineSpec.of(engine),
+                      SamplingConfig(temperature=temperature, max_tokens=48, stop=DEFAULT_STOP), lambda: checker)
+        out = tmp_path / f"t{temperature}.parquet"
+        (res,) = run_stage(st, solutions, out, progress=False)
+        for r in pq.read_table(out).to_pylist():
+            for n, e, d, t in zip(r["mc_rollouts"], r["mc_empty"], r["mc_distinct"], r["mc_truncated"]):
+                assert 0 <= e <= n and 0 <= d <= n - e and t <= n - e
+        assert res.counters["empty"] * 2 <= res.counters["continuations"]  # not refused
+        shares[temperature] = distinct_share(res.counters)
+        warnings = st.run_warnings(res.counters)
+        if temperature == 0:
+            assert shares[0.0] < 0.5 and "temperature 0" in warnings[0]  # (the prefix cache may make one differ)
+        else:
+            assert shares[0.8] > 0.5 and warnings == []
+    print(f"distinct share: temperature 0 -> {shares[0.0]:.2f}, 0.8 -> {shares[0.8]:.2f}")
