@@ -250,3 +250,36 @@ def test_cli_refuses_a_run_of_empty_continuations(rollouts, tmp_path):
         assert line.startswith(f"error: {stage}: ") and "stopped at once with no text" in line
         assert "chat template closes the assistant turn" in line
         assert not (tmp_path / f"{stage}.parquet").exists()
+
+
+@pytest.mark.parametrize("text", ["", " ", "\n\n", " \n \n", "\t", ".", "The answer is 4."])
+def test_empty_is_what_rollout_calls_an_empty_completion(text):
+    """One definition: a completion is empty exactly when rollout would split it into no step (its row
+    error "empty completion")."""
+    from stepkit.grading.steps import split_steps
+
+    for split in ("newline", "blank", "auto", "step"):
+        assert Completion(text, "stop").empty == (split_steps(text, split)[0] == [])
+
+
+def test_cli_rollout_and_labellers_agree_on_empty(rollouts, tmp_path):
+    r = run_cli("rollout", rollouts / "p0.parquet", tmp_path / "r.parquet", "--engine", "scripted", "--model",
+                "scripted:empty", "--samples", 2, "--no-progress", "--max-error-rate", 1)
+    rows = pq.read_table(tmp_path / "r.parquet").to_pylist()
+    assert r.returncode == 0 and {x["error"] for x in rows} == {"rollout: empty completion"}
+
+
+def test_filter_status_message_tells_a_typo_from_other_values(rollouts, tmp_path):
+    out = tmp_path / "lab.parquet"
+    run_cli("mc-label", rollouts / "traj" / "shard-0.parquet", out, "--engine", "scripted", "--model", "scripted:echo",
+            "-k", 2, "--no-progress")
+    cases = {"okk": "okk is not a value mc_status declares (ok, no_signal, ungraded): a typo would drop every row",
+             "ungraded": "this is no typo (mc_status declares: \"ok; no_signal: no continuation succeeded (labels "
+                         "say nothing); ungraded: no graded outcome\"): the rows hold other values",
+             "ok": "every row is no_signal, which mc_status uses for a row with no labels, so the stage that wrote "
+                   "mc_status could label no row"}
+    for value, expected in cases.items():
+        r = run_cli("filter", out, tmp_path / f"f-{value}.parquet", "--rule", f"status:mc_status={value}",
+                    "--flag-only", check=False)
+        (line,) = r.stderr.strip().splitlines()
+        assert r.returncode == 1 and "(present: no_signal (4 rows))" in line and expected in line, line
