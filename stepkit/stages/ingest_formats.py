@@ -151,7 +151,7 @@ class IngestFormat:
         self.count("reference: unusable")
 
 
-def _annotated_prompt(question: str, path: Path, row: int) -> str:
+def _gsm8k_prompt(question: str, path: Path, row: int) -> str:
     """A GSM8K question without its ``<<a=b>>`` annotations; InputError when nothing is left."""
     prompt = strip_calculator_annotations(question).strip()
     if not prompt:
@@ -171,7 +171,7 @@ class Gsm8k(IngestFormat):
         for i, obj in self.take(self.source.jsonl()):
             q, a = need_text(obj, "question", self.path, i), need(obj, "answer", self.path, i, str)
             ref = gsm8k_reference(a, self.path, i)
-            prompt = _annotated_prompt(q, self.path, i)
+            prompt = _gsm8k_prompt(q, self.path, i)
             lines = [strip_calculator_annotations(x).strip() for x in a.splitlines()]
             rows.append({"problem_id": f"gsm8k-{split}-{i}", "source": f"gsm8k/{split}/{i}", "prompt": prompt,
                          "reference_answer": ref, "_row": i,
@@ -195,7 +195,7 @@ class Gsm8kSolutions(IngestFormat):
             q = need_text(obj, "question", self.path, i)
             gt = need(obj, "ground_truth", self.path, i, str)
             ref = solutions_reference(gt, self.path, i)
-            prompt = _annotated_prompt(q, self.path, i)
+            prompt = _gsm8k_prompt(q, self.path, i)
             for g in gens:
                 row = self._solution(obj, i, g)
                 row.update(prompt=prompt, reference_answer=ref, reference_solution=gt)
