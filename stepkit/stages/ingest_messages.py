@@ -12,6 +12,8 @@ Record keys (each a dotted path into the record; defaults fit τ-bench's traject
 entries are read too), ``--problem-id-col`` (default ``task_id`` when the record has it, else the row id),
 ``--id-col`` (default ``id`` when present, else ``<problem id>-<trial>`` when the record has ``trial``,
 else ``<file stem>-<index>``).
+
+The file is a JSON list (τ-bench's files) or JSON Lines, read once (:class:`Messages`).
 """
 
 from __future__ import annotations
@@ -30,9 +32,10 @@ from stepkit.conversations import (
     parse_conversation,
 )
 from stepkit.errors import InputError
-from stepkit.schema import MESSAGE_FIELDS, REFERENCE_FIELDS, TRAJECTORY_SCHEMA, extend_schema
+from stepkit.schema import MESSAGE_FIELDS, extend_schema
+from stepkit.stages.ingest_formats import TRAJ_SCHEMA_WITH_REFS, IngestFormat
 
-MESSAGES_SCHEMA = extend_schema(extend_schema(TRAJECTORY_SCHEMA, REFERENCE_FIELDS), MESSAGE_FIELDS)
+MESSAGES_SCHEMA = extend_schema(TRAJ_SCHEMA_WITH_REFS, MESSAGE_FIELDS)
 _MISSING = object()
 
 
@@ -146,3 +149,14 @@ def conversation_rows(items: list[tuple[int, Any]], path: Path, opts, count: Cal
         count("successes", bool(ok))
         count("gold_actions", len(actions or []))
     return rows
+
+
+class Messages(IngestFormat):
+    """``messages``: tool-calling conversations (a JSON list or JSON Lines) -> one trajectory per conversation."""
+
+    name = "messages"
+    options = ("id_col", "problem_id_col", "messages_col", "outcome_col", "gold_col", "success_threshold")
+    schema = MESSAGES_SCHEMA
+
+    def rows(self):
+        return conversation_rows(self.take(self.source.json_records()), self.path, self.opts, self.count)
