@@ -338,3 +338,23 @@ def test_an_actor_killed_by_rays_memory_monitor_is_retried_then_one_line(deaths,
         assert res.status == "failed" and len(seen) == 2 and "\n" not in res.error
         assert "its actor died 2 time(s), the last killed by Ray's memory monitor" in res.error
         assert "OutOfMemoryError" in res.error and "run the same command again to resume" in res.error
+
+
+def test_an_address_where_no_cluster_answers_is_one_line_at_once(shards, tmp_path):
+    """Breaking run E11: an unreachable --ray-address (or RAY_ADDRESS with auto) hung with no message."""
+    from stepkit.errors import ConfigError
+    from stepkit.runner.ray_executor import check_reachable
+    from tests.servers import free_port
+
+    port = free_port()
+    with pytest.raises(ConfigError, match=rf"--ray-address 127.0.0.1:{port}: nothing answers at 127.0.0.1:{port} "
+                                          r"\(connection refused"):
+        check_reachable(f"127.0.0.1:{port}")
+    with pytest.raises(ConfigError, match=rf"--ray-address auto \(RAY_ADDRESS=ray://127.0.0.1:{port}\): nothing"):
+        check_reachable("auto", env={"RAY_ADDRESS": f"ray://127.0.0.1:{port}"})
+    check_reachable("auto", env={})  # Ray looks for a local cluster itself
+    with pytest.raises(ConfigError, match="expected host:port"):
+        check_reachable("my-cluster")
+    p = run("mc-label", shards, tmp_path / "o", *SCRIPTED, "--executor", "ray", "--ray-address", f"127.0.0.1:{port}",
+            check=False, timeout=60)
+    assert p.returncode == 1 and p.stderr.count("\n") == 1 and "nothing answers at" in p.stderr, p.stderr
