@@ -145,6 +145,11 @@ class Stage:
     def close(self) -> None:
         """Release what :meth:`open` loaded."""
 
+    def loading(self) -> str | None:
+        """What :meth:`open` loads, for the spinner shown meanwhile (``"the vllm engine (smollm2-135m)"``);
+        None: nothing worth a spinner."""
+        return None
+
 
 class EngineStage(Stage):
     """A stage that samples with an engine and (when ``grades_answers``) grades answers with the answer
@@ -185,6 +190,9 @@ class EngineStage(Stage):
         for x in (self.checker, self.engine):
             if x is not None:
                 x.close()
+
+    def loading(self) -> str | None:
+        return f"the {self.engine_spec.name} engine ({self.engine_spec.model})"
 
     def provenance(self) -> dict[str, Any]:
         return {"engine": self.engine.describe() if self.engine else None}

@@ -4,9 +4,11 @@ deleted mid-run, symlink loops, the output lock, folders whose shards come from 
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
+import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -322,3 +324,36 @@ def test_a_shard_with_two_columns_of_one_name_is_one_line(tmp_path):
             f"error: {tmp_path / 'd.parquet'}: column 'reference_labels': the shard has two columns of this name; "
             "rename or drop one"), p.stderr
         assert not (tmp_path / "o.parquet").exists()
+
+
+class SlowToLoad(ToyStage):
+    """A toy stage whose open() takes 100 s of a clock the test moves (a model load, issue 25 item 7)."""
+
+    clock = [0.0]  # seconds added to time.time()
+
+    def loading(self):
+        return "a slow toy model"
+
+    def open(self):
+        self.clock[0] += 100.0
+
+
+def test_load_time_is_reported_apart_from_labelling_time(solutions, tmp_path, capsys, monkeypatch):
+    from rich.console import Console
+
+    real = time.time
+    monkeypatch.setattr(time, "time", lambda: real() + SlowToLoad.clock[0])
+    out = tmp_path / "o.parquet"
+    console = Console(file=io.StringIO(), force_terminal=True, width=120)
+    (res,) = run_stage(SlowToLoad(ToyConfig(steps_out=str(tmp_path / "s.parquet"))), solutions, out,
+                       progress=True, console=console)
+    assert res.load_seconds >= 100 > res.seconds  # the load is not labelling time
+    run = json.loads((tmp_path / "o.manifest.json").read_text())["run"]
+    assert run["load_seconds"] >= 100 > run["seconds_this_run"]
+    assert "toy-steps: loading a slow toy model" in console.file.getvalue()  # the spinner said what loads
+
+    from stepkit.cli.common import print_results
+
+    print_results([res], "toy")
+    err = capsys.readouterr().err
+    assert "seconds loading (this run)" in err and "seconds labelling (this run)" in err

@@ -68,7 +68,8 @@ class ShardResult:
     errors: int = 0
     chunks: int = 0
     resumed_chunks: int = 0
-    seconds: float = 0.0
+    seconds: float = 0.0  # labelling: from the first chunk to the last commit (the model load apart)
+    load_seconds: float = 0.0  # opening the stage (loading its model) for this shard; 0 when already open
     tokens: int = 0
     counters: dict[str, int] = field(default_factory=dict)
     error: str | None = None
