@@ -75,6 +75,7 @@ bench: model
 	$(BIN)/python bench/likelihood_processbench.py --data $(DATA) --work out/bench/likelihood \
 		--json out/bench/likelihood.json
 	$(BIN)/python bench/bench_ray.py --data $(DATA) --work out/bench/ray --json out/bench/ray.json
+	$(BIN)/python bench/bench_report.py --data $(DATA) --work out/bench/report --json out/bench/report.json
 
 clean:
 	rm -rf out .pytest_cache

@@ -348,5 +348,6 @@
   rowsSection();
   refresh();
   if (D.rows.length) showRow(D.rows[0]);
+  document.body.dataset.readyMs = performance.now().toFixed(0);  // (read by bench/bench_report.py)
   document.body.dataset.ready = "1";
 })();
