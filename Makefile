@@ -49,6 +49,7 @@ demo: model
 	$(BIN)/stepkit filter out/demo/labeled.parquet out/demo/filtered.parquet --rule status:mc_status=ok --rule dedupe \
 		--dropped out/demo/dropped.parquet --no-progress
 	$(BIN)/stepkit export out/demo/filtered.parquet out/demo/dataset --format trl --labels mc_value
+	$(BIN)/stepkit report out/demo/likelihood.parquet -o out/demo/report.html
 	$(BIN)/stepkit publish out/demo/dataset --dry-run --license mit
 	$(BIN)/stepkit ingest messages $(DATA)/tau-bench/gpt-4o-airline.json out/demo/tau.parquet --limit 20
 	$(BIN)/stepkit clue recover out/demo/tau.parquet out/demo/tau-clues.parquet --from-actions --no-progress
@@ -56,6 +57,7 @@ demo: model
 		--no-progress
 	$(BIN)/stepkit stats out/demo/tau-scored.parquet
 	$(BIN)/stepkit export out/demo/tau-scored.parquet out/demo/tau-dataset --format messages --labels clue_label
+	$(BIN)/stepkit report out/demo/tau-scored.parquet -o out/demo/tau-report.html
 
 lint: setup
 	$(BIN)/ruff check stepkit tests bench

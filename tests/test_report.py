@@ -166,7 +166,7 @@ def test_report_help_loads_no_heavy_module():
 
 def test_the_page_filters_and_shows_the_shards_labels(browser, labelled, tmp_path):
     rows = pq.read_table(labelled).to_pylist()
-    out = report(tmp_path, [labelled], page_size=5)
+    out = report(tmp_path, [labelled], page_size=5, title="ProcessBench gsm8k, 16 rows: scripted judge and clue")
     assert cli("report", labelled, "-o", tmp_path / "cli.html").output.startswith(f"wrote {tmp_path / 'cli.html'}")
     page = open_page(browser, out)
     assert page.problems == [] and page.requests == [out.resolve().as_uri()]
@@ -217,8 +217,9 @@ def test_the_page_filters_and_shows_the_shards_labels(browser, labelled, tmp_pat
     assert texts == r["steps"]
     assert page.problems == []
     shot = tmp_path / "report.png"
-    page.set_viewport_size({"width": 1300, "height": 1500})
-    page.screenshot(path=str(shot), full_page=False)
+    page.fill("#search", "")
+    assert count(page) == 16
+    page.screenshot(path=str(shot), full_page=True)
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     if os.environ.get("STEPKIT_UPDATE_SCREENSHOT"):  # the README's picture: STEPKIT_UPDATE_SCREENSHOT=1 pytest ...
         (ROOT / "docs" / "images").mkdir(exist_ok=True)

@@ -32,7 +32,6 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from stepkit.columns import Column, Meanings, read_meanings
 from stepkit.errors import InputError
@@ -346,7 +345,3 @@ def read_trees(paths: list[Path], problems: set[str], max_nodes: int = 400) -> d
 def _round(x):
     return None if x is None else round(float(x), 4)
 
-
-def shard_rows(path: Path) -> int:
-    """Rows of one Parquet file, from its footer."""
-    return pq.ParquetFile(path).metadata.num_rows
