@@ -37,6 +37,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "eval": ("stepkit.cli.evaluate", "Score step labels: ProcessBench F1, agreement of two labelers."),
     "stats": ("stepkit.cli.stats", "Summary of a shard: rows, steps, outcomes, each stage's figures."),
     "show": ("stepkit.cli.show", "Show one trajectory: each step with every stage's labels."),
+    "report": ("stepkit.cli.report", "One self-contained HTML page over labelled shards or an export: summary, rows, steps."),
     "models": ("stepkit.cli.models", "Bundled models (real weights shipped in a package; no downloads)."),
 }
 
