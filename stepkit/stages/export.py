@@ -9,18 +9,25 @@ Formats (``FORMATS``), each with explicit ``datasets`` features (never inferred 
   column follow a recorded rule, ``value > --threshold`` (default 0: Math-Shepherd's hard estimate; a
   score column on a scale of its own (declared ``scale="score"`` in the shard, :mod:`stepkit.columns`)
   needs it given and is never soft), and the values are kept beside them as ``soft_labels``. One dataset never mixes hard and soft labels.
-* ``math-shepherd`` — Math-Shepherd's ``input`` (the problem, a space, then each step followed by the
-  step tag `` ки``, steps joined by newlines), ``label`` (the same text with ``+`` / ``-`` in place of
-  each tag) and ``task`` (``GSM8K``/``MATH`` from ``source``, or ``--task``).
+* ``math-shepherd`` — the released Math-Shepherd rows' layout (:mod:`stepkit.stages.export_text`): ``input``
+  is the problem, a space, then ``Step k: <step> ки`` per step joined by ``\n``; ``label`` the same text
+  with ``+`` / ``-`` in place of each tag; ``task`` ``GSM8K`` or ``MATH`` (from ``source``, else the
+  shard's ingest input, else ``--task``), checked against what TRL's Math-Shepherd converter reads.
 * ``processbench`` — ProcessBench's ``id``, ``generator``, ``problem``, ``steps``,
   ``final_answer_correct`` and ``label`` (0-based first error, ``-1`` none).
 * ``messages`` — tool-calling conversations (rows of ``ingest messages``) in the OpenAI chat format with one
   label per assistant turn: ``messages``, ``labels``, ``turn_index``, ``outcome_correct``, ``reward``
   (:mod:`stepkit.stages.export_messages`); ``--soft`` as for ``trl``.
 * ``pairs`` — DPO preference pairs (TRL's standard preference format: ``prompt``, ``chosen``,
-  ``rejected`` strings) from an ``mcts-label --pairs-out`` shard: the prompt is the problem followed by
-  the shared prefix steps, ``chosen``/``rejected`` the two children's steps (each joined by newlines),
-  with ``chosen_value``/``rejected_value`` kept.
+  ``rejected`` strings) from an ``mcts-label --pairs-out`` shard: the prompt is the problem and the
+  shared prefix steps, each followed by the step separator, ``chosen``/``rejected`` the two children's
+  steps joined by it (so ``prompt + chosen`` is the solution text), with ``chosen_value``/``rejected_value``.
+
+The step separator (``--step-separator``, else the rows' own when they agree, refused when they do not;
+math-shepherd: ``\n``) joins every text format's steps, and is written into the manifest
+(``step_separator``), each data file's Parquet metadata (``stepkit.export``) and the card: a trainer that
+joins ``completions`` must use the same one. A step holding it is refused or rejoined
+(``--separator-in-step``).
 
 ``--labels COL`` names the label column: step labels (list<bool>), step values (list<float>) or a
 first-error index (int; labels are true before it and false from it on). A row whose labels are null
@@ -43,6 +50,7 @@ import random
 import re
 import shutil
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -63,6 +71,7 @@ from stepkit.shards import (
     write_json,
     write_table,
 )
+from stepkit.stages import export_text
 from stepkit.stages.export_rows import SOFT_FORMATS, Converter, check_row, features_for, flagged, threshold
 
 FORMATS = ("trl", "math-shepherd", "processbench", "messages", "pairs")
@@ -87,10 +96,18 @@ class ExportConfig(Config):
     split: str = opt("train", "The split's name when there is no --test-size.")
     seed: int = opt(0, "Seed of the --test-size split of problems.", min=0)
     rows_per_file: int = opt(100_000, "Rows per Parquet file.", min=1)
-    task: str | None = opt(None, "math-shepherd: the task column (default from source: GSM8K, MATH).")
+    task: str | None = opt(None, "math-shepherd: the task column [default: from each row's source or its ingest "
+                                 "input].", choices=export_text.TASKS)
+    step_separator: str | None = opt(None, "How steps are joined into text (\\n, \\n\\n, ...) [default: the rows' "
+                                           "own when they agree; math-shepherd: \\n].", metavar="SEP")
+    separator_in_step: str = opt("error", "A step that holds the separator: stop with an error, or rejoin it "
+                                          "(the separator inside it replaced by a space).", choices=("error", "rejoin"))
 
     def __post_init__(self):
         super().__post_init__()
+        if self.step_separator is not None:
+            object.__setattr__(self, "step_separator", export_text.unescape(self.step_separator))
+            export_text.check_separator_option(self.step_separator)
         if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_]*", self.split):
             raise ConfigError(f"--split {self.split!r}: a split name is letters, digits and _ (e.g. train)")
         if self.format == "pairs" and self.labels is not None:
@@ -160,16 +177,29 @@ def export(in_path: str | os.PathLike, out: str | os.PathLike, cfg: ExportConfig
         missing = next(p for p in shards if p not in has_pid)
         raise InputError(missing, "has no problem_id column, which --test-size splits by (other shards have it)",
                          column="problem_id")
-    ids = []
+    ids, seps = [], Counter()
     for p in shards:
-        for first, rows in iter_row_chunks(p, 65536, columns=[key]):
+        has_sep = "step_separator" in open_parquet(p).schema_arrow.names
+        for first, rows in iter_row_chunks(p, 65536, columns=[key, "step_separator"] if has_sep else [key]):
             for j, r in enumerate(rows):
                 if r.get(key) is None and cfg.test_size is not None:
                     raise InputError(p, f"null {key}: --test-size splits by it", row=first + j, column=key)
                 ids.append(r.get(key))
+                seps[r.get("step_separator")] += 1
     test = _test_problems(ids, cfg)
+    if cfg.format == "messages":  # a conversation's steps are messages, never joined into text
+        sep, sep_from = None, None
+    elif cfg.format == "math-shepherd" and cfg.step_separator is None:  # the released rows' layout
+        sep, sep_from = export_text.DEFAULT_SEPARATOR, "format"
+    else:
+        sep, sep_from = export_text.resolve_separator(cfg.step_separator, seps, cfg.format, in_path)
+    conv.sep = sep
+    separator = {"value": sep, "from": sep_from,
+                 "rows_joined_otherwise": sum(n for x, n in seps.items() if None not in (x, sep) and x != sep)}
     features = features_for(cfg, conv.kind)
     schema = features.arrow_schema
+    schema = schema.with_metadata({**(schema.metadata or {}), b"stepkit.export": json.dumps(
+        {"format": cfg.format, "step_separator": sep}).encode()})
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     (tmp / "data").mkdir(parents=True)
@@ -250,7 +280,7 @@ def export(in_path: str | os.PathLike, out: str | os.PathLike, cfg: ExportConfig
             "label_rule": _label_rule(cfg, conv.kind),
             "splits": {s: {"rows": split_rows[s], "files": data_files[s],
                            "sha256": {f: file_sha256(tmp / f) for f in data_files[s]}} for s in splits},
-            "counts": counts, "features": features.to_dict(),
+            "counts": {**counts, **conv.counts}, "features": features.to_dict(), "step_separator": separator,
             **({"dropped_message_keys": dict(sorted(conv.dropped_keys.items()))} if cfg.format == "messages" else {}),
             "inputs": [{"path": str(p), "sha256": h, "manifest": read_manifest(p)} for p, h in zip(shards, hashes)],
         }

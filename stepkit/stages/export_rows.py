@@ -4,7 +4,6 @@ output record per row for each format (the formats and their sources: :mod:`step
 from __future__ import annotations
 
 import math
-import re
 from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -15,13 +14,13 @@ from stepkit.columns import Meanings, read_meanings
 from stepkit.errors import InputError
 from stepkit.grading.verdicts import first_error_of, labels_from_first_error
 from stepkit.schema import check_column_types, check_columns, check_kept_steps
+from stepkit.shards import read_manifest
+from stepkit.stages import export_text
 
 if TYPE_CHECKING:
     from stepkit.stages.export import ExportConfig
 
 SOFT_FORMATS = ("trl", "messages")  # the formats whose labels may be soft
-STEP_TAG = " ки"  # Math-Shepherd's step tag
-TAG_WORD = re.compile(r"(?<!\w)ки(?!\w)")  # the tag as a word (Russian words that start with ки are fine)
 
 def features_for(cfg: ExportConfig, kind: str | None = None):
     """The ``datasets.Features`` of a format (explicit: never inferred); ``kind`` is the label column's
@@ -132,9 +131,14 @@ class Converter:
         self.kind: str | None = None
         self.meanings: dict[Path, Meanings] = {}  # per shard: its columns' declared meaning
         self.dropped_keys: Counter = Counter()  # messages: message keys left out, with how many messages had one
+        self.sep: str = export_text.DEFAULT_SEPARATOR  # the export's step separator (set by export())
+        self.counts: Counter = Counter()  # steps_rejoined, converter_drops_first_step
+        self.task_hint: dict[Path, str | None] = {}  # math-shepherd: each shard's ingest input path
 
     def check_schema(self, schema: pa.Schema, path: Path) -> None:
         self.meanings[Path(path)] = read_meanings(schema, path)
+        if self.cfg.format == "math-shepherd":
+            self.task_hint[Path(path)] = export_text.ingest_input(read_manifest(Path(path)))
         if self.cfg.format == "messages":
             from stepkit.stages.export_messages import check_schema
 
@@ -196,14 +200,15 @@ class Converter:
         f = self.cfg.format
         row = _apply_cut(row, self.meanings.get(Path(path)))
         if f == "pairs":
-            prompt = "\n".join([row["prompt"], *(row.get("prefix_steps") or [])])
+            pair = {c: self._steps(row[c] or [], path, i, c) for c in ("prefix_steps", "chosen", "rejected")}
+            prompt, chosen, rejected = export_text.pair_texts({**row, **pair}, self.sep)
             return {"id": f"{row.get('node_id') or i}:{row.get('chosen_node_id')}:{row.get('rejected_node_id')}",
-                    "prompt": prompt, "chosen": "\n".join(row["chosen"]), "rejected": "\n".join(row["rejected"]),
+                    "prompt": prompt, "chosen": chosen, "rejected": rejected,
                     "chosen_value": row.get("chosen_value"), "rejected_value": row.get("rejected_value")}
         labels, values = self.labels(row, path, i)
         if labels is None:
             return None
-        steps = list(row["steps"])
+        steps = list(row["steps"]) if f == "messages" else self._steps(row["steps"], path, i, "steps")
         if f == "messages":
             from stepkit.stages.export_messages import record
 
@@ -214,14 +219,11 @@ class Converter:
                 rec["soft_labels"] = values
             return rec
         if f == "math-shepherd":
-            for col, texts in (("prompt", [row["prompt"]]), ("steps", steps)):
-                if any(TAG_WORD.search(t) for t in texts):
-                    raise InputError(path, f"holds Math-Shepherd's step tag {STEP_TAG.strip()!r} as a word: the "
-                                           "tags would not match the labels", row=i, column=col)
-            tags = [" +" if ok else " -" for ok in labels]
-            return {"id": row["id"], "input": row["prompt"] + " " + "\n".join(s + STEP_TAG for s in steps),
-                    "label": row["prompt"] + " " + "\n".join(s + t for s, t in zip(steps, tags)),
-                    "task": self.cfg.task or _task(row.get("source"))}
+            task = self.cfg.task or export_text.task_of(row.get("source"), self.task_hint.get(Path(path)))
+            if task is None:
+                raise InputError(path, f"cannot tell GSM8K from MATH by the row's source {row.get('source')!r} or "
+                                       "its ingest input: give --task GSM8K or --task MATH", row=i, column="source")
+            return export_text.shepherd_record(row, steps, labels, task, self.sep, path, i, self.counts)
         if row.get("filter_cut_by"):
             raise InputError(path, f"steps were cut by filter rule {row['filter_cut_by']!r}: the processbench "
                                    "format describes whole solutions (its final_answer_correct)", row=i,
@@ -230,6 +232,11 @@ class Converter:
             return None
         return {"id": row["id"], "generator": row.get("generator"), "problem": row["prompt"], "steps": steps,
                 "final_answer_correct": row["outcome_correct"], "label": first_error_of(labels)}
+
+
+    def _steps(self, steps: list[str], path: Path, i: int, column: str) -> list[str]:
+        return export_text.checked_steps(list(steps), self.sep, self.cfg.separator_in_step, path, i, column,
+                                         self.counts)
 
 
 def flagged(row: dict) -> bool:
@@ -246,8 +253,3 @@ def _apply_cut(row: dict, meanings: Meanings | None) -> dict:
     per_step = set(meanings.per_step()) if meanings is not None else {"steps"}
     return {**row, **{c: v[:k] for c, v in row.items() if c in per_step and v is not None},
             "filter_cut_by": row.get("filter_cut_by") or "(flagged)"}
-
-
-def _task(source: str | None) -> str:
-    s = (source or "").lower()
-    return "GSM8K" if "gsm8k" in s else "MATH" if "math" in s else (s.split("/")[0] or "unknown")
