@@ -192,7 +192,8 @@ class EngineStage(Stage):
                 x.close()
 
     def loading(self) -> str | None:
-        return f"the {self.engine_spec.name} engine ({self.engine_spec.model})"
+        spec = self.engine_spec  # None: a stage run with no model (clue recover --from-reference)
+        return f"the {spec.name} engine ({spec.model})" if spec is not None else None
 
     def provenance(self) -> dict[str, Any]:
         return {"engine": self.engine.describe() if self.engine else None}
