@@ -357,3 +357,38 @@ def test_load_time_is_reported_apart_from_labelling_time(solutions, tmp_path, ca
     print_results([res], "toy")
     err = capsys.readouterr().err
     assert "seconds loading (this run)" in err and "seconds labelling (this run)" in err
+
+
+def test_a_finished_side_output_is_its_runs_however_the_paths_are_typed(solutions, tmp_path, monkeypatch):
+    """Breaking run E9: the same finished command with absolute paths, or from another folder, was refused
+    ("its steps output is not the one this run wrote"); it is up to date."""
+    (tmp_path / "sol.parquet").write_bytes(solutions.read_bytes())
+    monkeypatch.chdir(tmp_path)
+    (res,) = run_stage(ToyStage(ToyConfig(steps_out="s.parquet")), "sol.parquet", "o.parquet", progress=False)
+    assert res.status == "done"
+    (res,) = run_stage(ToyStage(ToyConfig(steps_out=str(tmp_path / "s.parquet"))), tmp_path / "sol.parquet",
+                       tmp_path / "o.parquet", progress=False)
+    assert res.status == "up to date"
+    (tmp_path / "sub").mkdir()
+    monkeypatch.chdir(tmp_path / "sub")
+    (res,) = run_stage(ToyStage(ToyConfig(steps_out="../s.parquet")), "../sol.parquet", "../o.parquet",
+                       progress=False)
+    assert res.status == "up to date"
+    (tmp_path / "o.parquet").unlink()  # OUT alone gone: its side output is still this command's to replace
+    (res,) = run_stage(ToyStage(ToyConfig(steps_out=str(tmp_path / "s.parquet"))), tmp_path / "sol.parquet",
+                       tmp_path / "o.parquet", progress=False)
+    assert res.status == "done"
+
+
+def test_a_file_side_output_for_a_folder_in_is_refused_like_out(solutions, tmp_path):
+    """Breaking run E20: ``--tree-out tree.parquet`` for a folder IN became a folder named tree.parquet."""
+    from stepkit.errors import ConfigError
+
+    folder = tmp_path / "in"
+    folder.mkdir()
+    (folder / "a.parquet").write_bytes(solutions.read_bytes())
+    with pytest.raises(ConfigError, match=r"s.parquet: IN .*in is a folder of shards, so the steps output must be a "
+                                          "folder too"):
+        run_stage(ToyStage(ToyConfig(steps_out=str(tmp_path / "s.parquet"))), folder, tmp_path / "out",
+                  progress=False)
+    assert not (tmp_path / "s.parquet").exists() and not (tmp_path / "out").exists()

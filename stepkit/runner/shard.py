@@ -36,6 +36,7 @@ from stepkit.schema import (
 from stepkit.shards import (
     manifest_path,
     read_manifest,
+    resolve_path,
     rows_to_table,
     write_json,
     write_table,
@@ -256,7 +257,7 @@ def _run_shard(stage: Stage, plan: ShardPlan, opts: RunOptions, console, report,
             parts_of = [_read_part(_part(parts, i, name)) for i in range(n_chunks)]
             side_table = pa.concat_tables(parts_of) if parts_of else rows_to_table([], schema)
             path = plan.side_outputs[name]
-            side_manifest = {**manifest, "side_output": name, "side_output_of": str(out),
+            side_manifest = {**manifest, "side_output": name, "side_output_of": str(resolve_path(out)),
                              "output": {"path": str(path), "rows": side_table.num_rows}}
             with _writing(path, parts):
                 write_json(manifest_path(path), side_manifest)
