@@ -18,6 +18,7 @@ The file is a JSON list (τ-bench's files) or JSON Lines, read once (:class:`Mes
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from pathlib import Path
@@ -92,9 +93,14 @@ def conversation_rows(items: list[tuple[int, Any]], path: Path, opts, count: Cal
             that are not JSON, ...); an outcome that is not a number; bad gold actions; a duplicate id.
     """
     rows, ids = [], {}
+    found = {"outcome_col": False, "gold_col": False}  # a key given on the command line that no record has is a typo
+    first_keys: list[str] = []
     for i, obj in items:
         if not isinstance(obj, dict):
             raise InputError(path, f"expected an object, found {type(obj).__name__}", row=i)
+        first_keys = first_keys or [str(k) for k in obj]
+        for name in found:
+            found[name] = found[name] or dotted(obj, getattr(opts, name)) is not _MISSING
         key = opts.messages_col or next((k for k in ("messages", "traj") if k in obj), "messages")
         messages = dotted(obj, key)
         if messages is _MISSING:
@@ -148,7 +154,20 @@ def conversation_rows(items: list[tuple[int, Any]], path: Path, opts, count: Cal
         count("tool_calls", sum(len(t.message.get("tool_calls") or []) for t in conv.turns))
         count("successes", bool(ok))
         count("gold_actions", len(actions or []))
+    _check_keys_found(found, opts, path, first_keys, bool(rows))
     return rows
+
+
+def _check_keys_found(found: dict[str, bool], opts, path: Path, keys: list[str], any_rows: bool) -> None:
+    """Refuse an ``--outcome-col`` / ``--gold-col`` other than its default that names a key no record has
+    (breaking run E1: every outcome became null and every gold action vanished, exit 0). A default key no
+    record has means the file has no outcomes or no gold actions: its rows are ungraded."""
+    defaults = {f.name: f.default for f in dataclasses.fields(opts)}
+    for name, seen in found.items():
+        col = getattr(opts, name)
+        if any_rows and not seen and col != defaults.get(name):
+            raise InputError(path, f"--{name.replace('_', '-')} names no key of any record (keys: "
+                                   f"{', '.join(keys)[:200]})", column=col)
 
 
 class Messages(IngestFormat):
