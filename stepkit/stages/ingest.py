@@ -24,8 +24,10 @@ stage reads. ingest never writes over its input, an answers file, or a file it d
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,7 +49,7 @@ from stepkit.stages.ingest_formats import (
 from stepkit.stages.ingest_gold import first_error_status, ratings_to_labels
 from stepkit.stages.ingest_messages import Messages
 from stepkit.stages.ingest_output import check_output, check_rows
-from stepkit.stages.ingest_read import FormatError, Source
+from stepkit.stages.ingest_read import HEAD_BYTES, FormatError, Source
 
 __all__ = ["FORMATS", "TRAJ_SCHEMA_WITH_REFS", "IngestOptions", "first_error_status", "ingest", "option_conflicts",
            "ratings_to_labels", "sniff_format"]
@@ -121,20 +123,24 @@ def option_conflicts(fmt: str, opts: IngestOptions, names) -> list[str]:
 
 
 def sniff_format(head: bytes) -> str | None:
-    """The format the first bytes of a file look like: ``parquet`` (its magic number), ``processbench`` (a
-    JSON list), ``gsm8k`` / ``gsm8k-solutions`` (JSON Lines with their keys), ``jsonl`` (other JSON
-    Lines), or None."""
+    """The format the first bytes of a file look like: ``parquet`` (its magic number), ``messages`` (JSON
+    records with a ``messages`` or ``traj`` conversation and no ``steps``), ``processbench`` (another JSON
+    list), ``gsm8k`` / ``gsm8k-solutions`` (JSON Lines with their keys), ``jsonl`` (other JSON Lines), or
+    None."""
     if head.startswith(b"PAR1"):
         return "parquet"
     text = head.decode("utf-8", "replace").lstrip("\ufeff \t\r\n")
+    conversation = re.search(r'"(?:traj|messages)"\s*:\s*\[', text) and not re.search(r'"steps"\s*:', text)
     if text.startswith("["):
-        return "processbench"
+        return "messages" if conversation else "processbench"  # (breaking run E19: a τ-bench file)
     if not text.startswith("{"):
         return None
     try:
         keys = set(json.loads(text.split("\n", 1)[0]))
     except (ValueError, RecursionError, TypeError):
-        return "jsonl"
+        return "messages" if conversation else "jsonl"
+    if keys & {"messages", "traj"} and "steps" not in keys:
+        return "messages"
     if {"question", "ground_truth"} <= keys:
         return "gsm8k-solutions"
     if {"question", "answer"} <= keys:
@@ -142,8 +148,13 @@ def sniff_format(head: bytes) -> str | None:
     return "jsonl"
 
 
-def _with_hint(e: InputError, fmt: str, head: bytes) -> InputError:
-    """``e`` with the format the file looks like, when that is another one than ``fmt``."""
+def _with_hint(e: InputError, fmt: str, head: bytes, path: Path | None = None) -> InputError:
+    """``e`` with the format the file looks like, when that is another one than ``fmt``. A read that
+    failed early kept only the first bytes; a regular ``path`` is read further for the guess (a pipe
+    cannot be read again)."""
+    if path is not None and len(head) < HEAD_BYTES and path.is_file():
+        with contextlib.suppress(OSError), path.open("rb") as f:
+            head = f.read(HEAD_BYTES)
     guess = sniff_format(head)
     if guess is None or guess == fmt:
         return e
@@ -176,7 +187,7 @@ def ingest(fmt: str, path: str | Path, out: str | Path, opts: IngestOptions, che
     try:
         rows = reader.rows()
     except FormatError as e:
-        raise (_with_hint(e, fmt, bytes(src.head)) if e.path == path else e) from None
+        raise (_with_hint(e, fmt, bytes(src.head), path) if e.path == path else e) from None
     schema = reader.schema
     if not rows:
         raise InputError(path, "no records to ingest" + (" after --skip" if opts.skip else ""))

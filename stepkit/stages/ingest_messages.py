@@ -76,7 +76,10 @@ def gold_actions(value: Any, path: Path, row: int, column: str) -> list[str]:
     return out
 
 
-def _text_id(value: Any, path: Path, row: int, column: str) -> str:
+def _text_id(value: Any, path: Path, row: int, column: str, obj: dict | None = None) -> str:
+    if value is _MISSING:  # (breaking run E18: a mistyped --id-col printed the sentinel object)
+        keys = f" (keys: {', '.join(map(str, obj))[:200]})" if obj else ""
+        raise InputError(path, f"names no key of the record{keys}", row=row, column=column)
     if isinstance(value, bool) or not isinstance(value, (str, int)) or not str(value).strip():
         raise InputError(path, f"an id must be a non-empty string or an integer, found {value!r:.40}", row=row,
                          column=column)
@@ -129,9 +132,9 @@ def conversation_rows(items: list[tuple[int, Any]], path: Path, opts, count: Cal
         gold = dotted(obj, opts.gold_col)
         actions = None if gold is _MISSING or gold is None else gold_actions(gold, path, i, opts.gold_col)
         pid_key = opts.problem_id_col or ("task_id" if "task_id" in obj else None)
-        pid = _text_id(dotted(obj, pid_key), path, i, pid_key) if pid_key else None
+        pid = _text_id(dotted(obj, pid_key), path, i, pid_key, obj) if pid_key else None
         if opts.id_col:
-            rid = _text_id(dotted(obj, opts.id_col), path, i, opts.id_col)
+            rid = _text_id(dotted(obj, opts.id_col), path, i, opts.id_col, obj)
         elif "id" in obj:
             rid = _text_id(obj["id"], path, i, "id")
         elif pid is not None and "trial" in obj:
