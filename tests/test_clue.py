@@ -300,3 +300,29 @@ def test_clue_shards_that_are_not_clue_shards_are_one_line(tmp_path, checker):
     p = run_cli("clue", "score", sols, tmp_path / "o.parquet", "--clues", probs, check=False)
     assert p.returncode == 1 and "column 'clue_texts': missing column" in p.stderr
     assert p.stderr.count("\n") == 1
+
+
+def test_cli_math_rows_without_a_gold_answer_or_with_a_digitless_one(tmp_path):
+    """Real ProcessBench math rows (issue 23): math-499's problem has no gold answer (a status, no_answer,
+    never a row error against --max-error-rate: 412 of 1000 math rows are so), math-502's gold answer is
+    ``\\pi``: `clue score` takes `clue recover --from-reference`'s own answer clue, and the row, whose final
+    answer is ``\\pi``, reaches it (no first error, as its human label)."""
+    from stepkit.errors import InputError
+    from stepkit.stages.clue import check_clue_rows
+
+    row = {"problem_id": "p", "clue_texts": ["a", "The answer is (E)"], "clue_values": ["2", "\\text{(E)}"],
+           "clue_depends": [[], [0]], "clue_status": "ok", "error": None}
+    check_clue_rows([row], "c.parquet", 0)  # the answer clue as written (math-324's gold answer)
+    with pytest.raises(InputError, match="clue 0: .* not a number written as text"):
+        check_clue_rows([{**row, "clue_values": ["\\text{(E)}", "2"]}], "c.parquet", 0)
+    pb, clues, out = tmp_path / "pb.parquet", tmp_path / "clues.parquet", tmp_path / "scored.parquet"
+    run("ingest", "processbench", DATA / "processbench" / "math.json", pb, "--skip", 499, "--limit", 4)
+    run("clue", "recover", pb, clues, "--from-reference", "--no-progress")
+    by_status = {r["reference_answer"]: r for r in pq.read_table(clues).to_pylist()}
+    assert by_status[None]["clue_status"] == "no_answer" and by_status[None]["error"] is None
+    assert by_status["\\pi"]["clue_status"] == "ok" and by_status["\\pi"]["clue_values"][-1] == "\\pi"
+    run("clue", "score", pb, out, "--clues", clues, "--no-progress")
+    rows = {r["id"]: r for r in pq.read_table(out).to_pylist()}
+    assert rows["math-499"]["clue_status"] == "no_answer" and rows["math-499"]["clue_first_error"] is None
+    assert rows["math-499"]["error"] is None
+    assert rows["math-502"]["clue_status"] == "ok" and rows["math-502"]["clue_first_error"] == -1

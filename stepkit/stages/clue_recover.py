@@ -25,7 +25,9 @@ The last clue of a math problem is always the reference answer (appended when th
 it).
 Columns: ``clue_texts`` (list<string>), ``clue_values`` (list<string>: the value as written, null when not
 numeric), ``clue_depends`` (list<list<int32>>: earlier clue indices), ``clue_status`` (``ok``,
-``parse_failure``, ``no_reference``: with ``from_reference``, no reference solution or no computation in it),
+``parse_failure``, ``no_reference``: with ``from_reference``, no reference solution or no computation in it,
+``no_answer``: the problem has no ``reference_answer``, so no clue can be worked back from it; a status,
+not a row error, so it never counts against ``--max-error-rate``: ProcessBench math has 412 such rows),
 ``clue_parse_failures`` (int32), ``clue_parse_error`` (the last failure), ``clue_replies`` (list<string>),
 ``clue_kinds`` (list<string>, ``call``/``value``; null for math clues).
 
@@ -65,8 +67,9 @@ RECOVER_COLUMNS = (  # clue recover: one row per problem
     Column("clue_values", pa.list_(pa.string()), "each clue's value (a number, an expression, a call)"),
     Column("clue_depends", pa.list_(pa.list_(pa.int32())), "per clue: the clues it is computed from"),
     Column("clue_kinds", pa.list_(pa.string()), "per clue: call / value (agent clues, --from-actions); null: math"),
-    Column("clue_status", pa.string(), "ok; no_reference, parse_failure: no clues", role="status",
-           values=("ok", "no_reference", "parse_failure"), no_labels=("no_reference", "parse_failure")),
+    Column("clue_status", pa.string(), "ok; no_reference, parse_failure, no_answer: no clues", role="status",
+           values=("ok", "no_reference", "parse_failure", "no_answer"),
+           no_labels=("no_reference", "parse_failure", "no_answer")),
     Column("clue_parse_failures", pa.int32(), "replies that failed to parse"),
     Column("clue_parse_error", pa.string(), "the last parse failure's reason"),
     Column("clue_replies", pa.list_(pa.string()), "every reply, for inspection"),
@@ -257,9 +260,9 @@ class ClueRecoverStage(EngineStage):
 
     def process(self, rows):
         """One chunk -> the clue rows of the problems whose chosen row is in it, and counters
-        (problems, replies, parse_failures, parse_failure_rows, clues, no_reference)."""
+        (problems, replies, parse_failures, parse_failure_rows, clues, no_reference, no_answer)."""
         counters = {"problems": 0, "replies": 0, "parse_failures": 0, "parse_failure_rows": 0, "clues": 0,
-                    "no_reference": 0}
+                    "no_reference": 0, "no_answer": 0}
         chosen = set(self._chosen.values())
         out = []
         for r in rows:
@@ -274,10 +277,11 @@ class ClueRecoverStage(EngineStage):
             for r in todo:
                 self._from_actions(r, counters)
             return out, counters
-        for r in todo:
-            if not r.get("reference_answer"):
-                r["error"] = RowError(self.name, "no reference_answer (clues are recovered backward from it)")
-        todo = [r for r in todo if not r["error"]]
+        for r in todo:  # nothing to work backward from: a status (the problem has no labels), not an error
+            if not str(r.get("reference_answer") or "").strip():
+                r.update(clue_status="no_answer", clue_parse_failures=0, clue_replies=[])
+                counters["no_answer"] += 1
+        todo = [r for r in todo if r["clue_status"] is None]
         if self.cfg.from_reference:
             for r in todo:
                 # no computation to take clues from: the reference answer is still the one clue to reach
@@ -354,4 +358,4 @@ def _check_pattern(pattern: str) -> None:
         raise ConfigError(f"--read-only-tools {pattern!r} is not a regular expression ({e})") from None
 
 
-CLUE_STATUSES = ("ok", "parse_failure", "no_reference")
+CLUE_STATUSES = ("ok", "parse_failure", "no_reference", "no_answer")

@@ -44,7 +44,7 @@ contradiction_weight * contradicted clues - false_claim_weight * false claims``,
 share of the checked clues the row establishes), ``clue_first_error`` (int32), ``clue_verdicts``
 (list<int32>, per clue: the step that establishes it, -1 none, null when unchecked or its verdict failed),
 ``clue_verdict_failures`` (int32), ``clue_status`` (``ok``; else why the problem has no clues: the clue
-row's own status ``parse_failure`` / ``no_reference``, or ``clue_error`` when the clue row has an error).
+row's own status ``parse_failure`` / ``no_reference`` / ``no_answer``, or ``clue_error`` when the clue row has an error).
 The clue shard is checked as it is read (:func:`check_clue_rows`): a shard that is not a ``clue recover``
 output, or whose clue lists disagree in length, is bad input.
 """
@@ -88,8 +88,8 @@ SCORE_COLUMNS = (  # clue score: per trajectory row
            "unchecked"),
     Column("clue_verdict_failures", pa.int32(), "verifier replies that failed to parse"),
     Column("clue_status", pa.string(), "ok; otherwise why the row has no clue labels", role="status",
-           values=("ok", "no_reference", "parse_failure", "clue_error", "no_clues"),
-           no_labels=("no_reference", "parse_failure", "clue_error", "no_clues")),
+           values=("ok", "no_reference", "parse_failure", "no_answer", "clue_error", "no_clues"),
+           no_labels=("no_reference", "parse_failure", "no_answer", "clue_error", "no_clues")),
 )
 _SCORE_EMPTY = {c.name: None for c in SCORE_COLUMNS}
 
@@ -122,10 +122,12 @@ class ClueScoreConfig(Config):
 
 
 def check_clue_rows(rows: list[dict], path: Path, first_row: int) -> None:
-    """A ``clue recover`` shard's rows, as ``clue score`` joins them: a known ``clue_status``; on an
+    r"""A ``clue recover`` shard's rows, as ``clue score`` joins them: a known ``clue_status``; on an
     ``ok`` row, non-empty ``clue_texts`` (strings), ``clue_values`` (a number as text, or null) and
-    ``clue_depends`` (indices of earlier clues) of one length. Agent clues (``clue_kinds`` a list of
-    ``call``/``value``, as long) have a non-empty string value each and may be an empty list.
+    ``clue_depends`` (indices of earlier clues) of one length; the last clue of a math list is the
+    reference answer, whose value is the answer as written, digits or not (``\pi``, ``\text{(E)}``, ``A``:
+    the answer checker compares it, as ``clue recover --from-reference`` writes it). Agent clues
+    (``clue_kinds`` a list of ``call``/``value``, as long) have a non-empty string value each and may be an empty list.
 
     Raises:
         InputError: the first bad cell, naming file, row and column.
@@ -159,9 +161,10 @@ def check_clue_rows(rows: list[dict], path: Path, first_row: int) -> None:
         for k, v in enumerate(values):
             if kinds is not None:
                 break
-            if v is not None and (not isinstance(v, str) or not re.search(r"\d", v)):
-                raise InputError(path, f"clue {k}: {v!r:.40} is not a number written as text (or null)", row=i,
-                                 column="clue_values")
+            answer = k == len(values) - 1  # the reference answer as written: the answer checker reads it
+            if v is not None and (not isinstance(v, str) or not (v.strip() if answer else re.search(r"\d", v))):
+                what = "the answer as text" if answer else "a number written as text"
+                raise InputError(path, f"clue {k}: {v!r:.40} is not {what} (or null)", row=i, column="clue_values")
         for k, d in enumerate(deps):
             if any(not isinstance(j, int) or not 0 <= j < k for j in d or []):
                 raise InputError(path, f"clue {k} depends on {d}: only earlier clues (0..{k - 1})", row=i,
