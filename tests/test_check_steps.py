@@ -53,9 +53,12 @@ def test_substitution_uses_earlier_definitions_and_a_wrong_evaluation_fails(pb_m
     text = step(pb_math, "math-8", 2)  # a_3 = 1, ...; n = 1 \cdot 3^3 + ... = 81 + 18 + 6 + 2 = 107 (1 * 27 is 27)
     (c,) = check_solution([text])
     assert c.failed == 1 and "81 + 18 + 6 + 2" in c.failures[0]
-    # the definitions a_3 = 1 ... are no claims, and carry to a later step
-    checks = check_solution([text, "So \\( a_3 + a_2 = 3 \\) and \\( a_3 + a_2 = 4 \\)."])
+    # the definitions a_3 = 1 ... are no claims, and carry to the later links of a later step's chains
+    checks = check_solution([text, "So \\( s = a_3 + a_2 = 3 \\) and \\( t = a_3 + a_2 = 4 \\)."])
     assert (checks[1].held, checks[1].failed) == (1, 1)
+    # a first link with symbols is a new condition, never a claim about earlier values
+    checks = check_solution([text, "Suppose \\( a_3 + a_2 = 4 \\)."])
+    assert (checks[1].held, checks[1].failed, checks[1].not_parsed) == (0, 0, 1)
 
 
 def test_division_with_remainder_and_integer_quotients(pb_math):
@@ -90,9 +93,10 @@ def test_combination_rule():
     cfg = CheckStepsConfig()
     assert combine(2, 5, True, 1, cfg) == (2, "claim")      # a failed claim first, whatever the outcome
     assert combine(-1, 5, False, 1, cfg) == (1, "clue")     # else the clue first error
-    assert combine(-1, 5, False, None, cfg) == (4, "outcome")  # else an incorrect outcome's last step
+    assert combine(-1, 5, False, None, cfg) == (1, "outcome")  # else an incorrect outcome's second step
+    assert combine(-1, 1, False, None, cfg) == (0, "outcome")  # (clipped to the steps)
     assert combine(-1, 5, None, None, cfg) == (-1, "none")
-    assert combine(-1, 5, False, None, CheckStepsConfig(incorrect_step="first")) == (0, "outcome")
+    assert combine(-1, 5, False, None, CheckStepsConfig(incorrect_step=-1)) == (4, "outcome")
 
 
 def test_cli_on_real_processbench_math_rows(tmp_path):

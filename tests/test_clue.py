@@ -326,3 +326,26 @@ def test_cli_math_rows_without_a_gold_answer_or_with_a_digitless_one(tmp_path):
     assert rows["math-499"]["clue_status"] == "no_answer" and rows["math-499"]["clue_first_error"] is None
     assert rows["math-499"]["error"] is None
     assert rows["math-502"]["clue_status"] == "ok" and rows["math-502"]["clue_first_error"] == -1
+
+
+def test_math500_reference_solutions_are_clue_sources(tmp_path):
+    """A ProcessBench math row whose problem is in MATH-500 gets its LaTeX solution as reference_solution;
+    `clue recover --from-reference` takes the solution's intermediate results as clues, the answer last
+    (issue 23). math-1: the MATH-500 solution establishes 92/585 on the way to 1 \\pm \\sqrt{19}."""
+    from stepkit.grading.claims import solution_clues
+
+    with open(DATA / "math500" / "test.jsonl") as f:
+        m500 = [json.loads(line) for line, _ in zip(f, range(4))]
+    assert [c.value for c in solution_clues(m500[0]["solution"], m500[0]["answer"])] == [
+        "3", "\\left( 3, \\frac{\\pi}{2} \\right)"]  # r = \sqrt{0^2 + 3^2} = 3, then the answer
+    assert [c.value for c in solution_clues(m500[3]["solution"], m500[3]["answer"])][-1] == "9"
+    pb, clues, out = tmp_path / "pb.parquet", tmp_path / "clues.parquet", tmp_path / "scored.parquet"
+    run("ingest", "processbench", DATA / "processbench" / "math.json", pb, "--skip", 1, "--limit", 1)
+    (row,) = pq.read_table(pb).to_pylist()
+    assert row["reference_solution"].startswith("Multiplying out each numerator")
+    run("clue", "recover", pb, clues, "--from-reference", "--no-progress")
+    (c,) = pq.read_table(clues).to_pylist()
+    assert c["clue_status"] == "ok" and c["clue_values"][0] == "92/585" and c["clue_values"][-1] == "1 \\pm \\sqrt{19}"
+    run("clue", "score", pb, out, "--clues", clues, "--no-progress")
+    (s,) = pq.read_table(out).to_pylist()
+    assert s["clue_status"] == "ok" and 0 in s["clue_hits"][0]  # the solution's first step states 92/585

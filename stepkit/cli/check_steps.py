@@ -26,7 +26,7 @@ def command(inp, out, **kw):
     \b
     Writes per step check_claims, check_held, check_failed, check_not_parsed, check_failures, check_score,
     check_label; per row check_first_failed (claims alone), check_first_error (first failed claim, else
-    clue_first_error, else the outcome's --incorrect-step), check_first_error_source, check_status (failed,
+    clue_first_error, else step --incorrect-step of an incorrect outcome), check_first_error_source, check_status (failed,
     held, nothing_checkable). A claim it cannot read is not parsed, never an error.
     """
     from stepkit.stages.check_steps import CheckStepsStage

@@ -18,15 +18,22 @@ A claim ends in one of three outcomes:
   no earlier step defined (``2x + 3 = 7`` states a condition, not a claim), a free symbol the
   random points cannot evaluate, a claim that ran over its time (``timeout`` seconds). Never an error.
 
-Context: a first link ``v = <number>`` (``a = -6``, ``n = 107``) defines ``v`` for every later claim of the
-solution (a substitution), until a step defines ``v`` again. Which links are claims about symbols (must be
+Context: a first link ``v = <number>`` (``a = -6``, ``n = 107``) defines ``v`` for the later links of every
+later chain of the solution (a substitution: ``A = \pi r^2 = 9\pi`` after ``r = 3``), until a step defines
+``v`` again. A value a step names is checked against the equations in ``v`` the same step wrote before it:
+it must solve one of them (a case split ``x - 8 = \pm 12`` gives two). Which links are claims about symbols (must be
 identities) and which are conditions:
 
 * a ``later`` or ``continued`` link (``= t^2 - t - 2`` after ``(t+1)(t-2)``) is a simplification: it must be
-  an identity, checked when the symbols of its right side are among those of its left (a chain of
-  conditions ``a + b = b + c = c + d`` introduces symbols and is not read);
-* a ``first`` link with free symbols left after substitution is a condition: held when it is an identity,
-  else not parsed (and remembered, so that a value the step then names is checked against it).
+  an identity, after putting in the definitions; when it is none and its sides have other symbols (a chain
+  of conditions ``a + b = b + c``, an evaluation at values no step defined ``\pi r^2 = \pi 3^2``), it is
+  not parsed;
+* a ``first`` link with free symbols is a condition (no definition is put in: ``x + y + z = 2`` after
+  ``x = 3`` is a new equation, not a claim about 3): held when it is an identity;
+  else, when it and the condition before it (in this step or an earlier one) are both linear
+  in the same one variable, it must have the same root (``-7y - 1 = -3`` then ``-7y = -4`` fails: an
+  equation rewritten step by step keeps its solution); else not parsed. It is remembered, so that a value
+  the step then names (``y = \frac{4}{7}``) is checked against it.
 """
 
 from __future__ import annotations
@@ -41,6 +48,9 @@ from stepkit.grading.claims import Arithmetic, Relation, Remainder, extract
 
 POINTS = 3
 SOLVED = True  # check a named value against the equation its step wrote before it
+SUBSTITUTE_CONDITIONS = False  # put definitions into a first link with symbols (else it is a new condition)
+ACROSS = True  # compare a linear equation with the previous step's too (else only within a step)
+LINEAR = True  # a linear equation in one variable must keep the root of the one before it
 SCOPE = "solution"  # where a definition holds: "solution" (later steps too), "step" (its own step), "none"
 _TINY = 1e-25
 
@@ -215,6 +225,7 @@ def check_solution(steps: list[str], timeout: float = 2.0, seed: int = 0) -> lis
     S = _sympy()
     rng = random.Random(seed)
     defs: dict = {}
+    last_equation: list = []  # the solution's latest condition (an equation with a free symbol), across steps
     out = []
     previous = None
     for step in steps:
@@ -222,14 +233,16 @@ def check_solution(steps: list[str], timeout: float = 2.0, seed: int = 0) -> lis
         items, previous = extract(step, previous)
         if SCOPE != "solution":
             defs = {}
-        conditions = []  # this step's equations with free symbols (for a value it then names)
+        conditions = []  # this step's equations, which a value it names may solve
+        if not ACROSS:
+            last_equation.clear()
         for it in items:
             if isinstance(it, (Arithmetic, Remainder)):
                 _count(res, it.holds, it.text)
                 continue
             try:
                 with _time_limit(timeout):
-                    verdict = _relation(S, it, defs, conditions, rng)
+                    verdict = _relation(S, it, defs, conditions, rng, last_equation)
             except ClaimTimeout:
                 verdict = None
             except (TypeError, ValueError, ZeroDivisionError, RecursionError, OverflowError, AttributeError):
@@ -251,8 +264,36 @@ def _count(res: StepCheck, verdict, text: str) -> None:
         res.not_parsed += 1
 
 
-def _relation(S: _Sympy, r: Relation, defs: dict, conditions: list, rng: random.Random):
-    """True / False / None (not parsed) / "skip" (a definition, not a claim) for one relation."""
+def _linear_root(sp, expr):
+    """The root of ``expr = 0`` when it is linear in its one free symbol (coefficients may be radicals),
+    else None."""
+    (x,) = expr.free_symbols
+    e = sp.expand(expr)
+    if not e.is_polynomial(x):
+        return None
+    p = sp.Poly(e, x)
+    if p.degree() != 1:
+        return None
+    b, c = p.all_coeffs()
+    return -c / b if b != 0 else None
+
+
+def _follows(sp, new, old) -> bool | None:
+    """Whether the linear equation ``new`` (``(lhs, rhs)``) in one variable has the root of the linear
+    equation ``old`` before it in the same variable (an equation rewritten step by step: ``-7y + 1 = -3``
+    then ``-7y = -4``); None when they are not both linear in the same one variable."""
+    dn, do = new[0] - new[1], old[0] - old[1]
+    if len(dn.free_symbols) != 1 or dn.free_symbols != do.free_symbols:
+        return None
+    rn, ro = _linear_root(sp, dn), _linear_root(sp, do)
+    if rn is None or ro is None:
+        return None
+    return _numeric(sp, "=", rn, ro, 0)
+
+
+def _relation(S: _Sympy, r: Relation, defs: dict, conditions: list, rng: random.Random, last_equation: list):
+    """True / False / None (not parsed) / "skip" (a definition, not a claim) for one relation; a condition
+    updates ``conditions`` (this step's) and ``last_equation`` (the solution's latest)."""
     sp = S.sp
     a, b = S.parse(r.lhs), S.parse(r.rhs)
     if b is None or (a is None and r.name is None):
@@ -267,28 +308,29 @@ def _relation(S: _Sympy, r: Relation, defs: dict, conditions: list, rng: random.
         verdicts = []
         if r.decimals or not SOLVED:
             return "skip"  # a rounded value satisfies its equation only roughly: not checked
-        for lhs, rhs in conditions:  # the equation this step solved for the value it now names
+        for lhs, rhs in conditions:  # the equations this step solved for the value it now names
             if (lhs - rhs).free_symbols == {name}:
                 v = _numeric(sp, "=", lhs.subs(name, value), rhs.subs(name, value), 0)
                 if v is not None:
                     verdicts.append(v)
-        if verdicts:
-            return all(verdicts)
+        if verdicts:  # a case split (x - 8 = 12 or x - 8 = -12): the value solves one of them
+            return any(verdicts)
         return "skip"
     if a is None:
         return None
-    a2, b2 = a.subs(defs), b.subs(defs)
+    if r.link == "first" and (a.free_symbols | b.free_symbols) and not SUBSTITUTE_CONDITIONS:  # a condition
+        a2, b2 = a, b
+    else:
+        a2, b2 = a.subs(defs), b.subs(defs)
     free = a2.free_symbols | b2.free_symbols
     if not free:
         return _numeric(sp, r.op, a2, b2, r.decimals, r.whole, r.rounded_input)
     if r.op != "=":
         return None
-    if r.link in ("later", "continued"):
-        if not b2.free_symbols <= a2.free_symbols:
-            return None
-        return _identity_or_imaginary(sp, a2, b2, rng)
     same = _identity_or_imaginary(sp, a2, b2, rng)
-    if same:
-        return True
+    if same or r.link != "first":  # a simplification keeps its variables; an evaluation at unknown values
+        return same if same or a2.free_symbols == b2.free_symbols else None  # is not decided
+    verdict = _follows(sp, (a2, b2), last_equation[0]) if last_equation and LINEAR else None
     conditions.append((a2, b2))
-    return None
+    last_equation[:] = [(a2, b2)]
+    return verdict

@@ -15,7 +15,10 @@ trajectories shard (the first row of each problem without an upstream error, in 
   off by ``max_tokens``, is a parse failure: recorded, sampled again up to ``retries`` times on the engine's
   async path, and never read as an empty list;
 * ``from_reference``: no model; one clue per GSM8K calculator annotation ``<<a=b>>`` of the
-  ``reference_solution`` column (:func:`stepkit.grading.clues.reference_clues`), which ``ingest`` keeps;
+  ``reference_solution`` column (:func:`stepkit.grading.clues.reference_clues`), which ``ingest`` keeps; a
+  LaTeX reference solution (MATH-500's ``solution``, which ``ingest processbench`` attaches to the math rows
+  whose problem is in MATH-500) gives one clue per numeric result it establishes in math mode
+  (:func:`stepkit.grading.claims.solution_clues`: the result of each chain, boxed values);
 * ``from_actions``: no model; agent conversations (``ingest messages``): a *value* clue per identifier
   argument of each state-changing gold call (``reference_actions``) and a *call* clue per such call
   (:func:`stepkit.grading.actions.action_clues`; ``clue_kinds`` says which). A task with no
@@ -48,6 +51,7 @@ from stepkit.engines.base import EngineSpec, Request, SamplingConfig
 from stepkit.errors import ConfigError, InputError, RowError
 from stepkit.grading.actions import READ_ONLY_TOOLS, action_clues
 from stepkit.grading.answers import strip_calculator_annotations
+from stepkit.grading.claims import solution_clues
 from stepkit.grading.clues import Clue, number_value, reference_clues
 from stepkit.options import Config, opt
 from stepkit.prompts import PromptTemplate, clue_template, render_clue_recover
@@ -142,6 +146,16 @@ def with_answer_last(clues: list[Clue], answer: str) -> list[Clue]:
     return clues + [Clue(f"The answer is {answer}", value, (len(clues) - 1,) if clues else ())]
 
 
+def from_reference(solution: str, answer: str) -> list[Clue]:
+    r"""The clues of a reference solution: a GSM8K solution (``<<a=b>>`` annotations, or plain arithmetic) by
+    :func:`stepkit.grading.clues.reference_clues`; a LaTeX one (MATH-500's, math mode ``$``/``\(``/``\[``
+    and no annotation) by :func:`stepkit.grading.claims.solution_clues`: its intermediate numeric results
+    (displayed and inline chains' results, boxed values), the reference answer last."""
+    if "<<" not in solution and re.search(r"\$|\\\(|\\\[|\\boxed", solution):
+        return solution_clues(solution, answer)
+    return reference_clues(solution, answer)
+
+
 def clue_columns(clues: list[Clue]) -> dict[str, Any]:
     """The ``clue_texts``/``clue_values``/``clue_depends`` columns of a clue list."""
     return {"clue_texts": [c.text for c in clues], "clue_values": [c.value for c in clues],
@@ -214,7 +228,9 @@ class ClueRecoverStage(EngineStage):
                     "rule": "stepkit.grading.actions.action_clues: value clues (identifier arguments) before each "
                             "state-changing gold call's call clue"}
         if self.cfg.from_reference:
-            return {"from_reference": True, "rule": "one clue per GSM8K <<a=b>> annotation; reference answer last"}
+            return {"from_reference": True, "rule": "one clue per GSM8K <<a=b>> annotation; a LaTeX solution (MATH-500): "
+                    "one per numeric result of a chain in math mode (stepkit.grading.claims.solution_clues); "
+                    "reference answer last"}
         return {**super().config(), "prompt_template": {"version": self.template.version, "hash": self.template.hash()}}
 
     def provenance(self) -> dict[str, Any]:
@@ -285,7 +301,7 @@ class ClueRecoverStage(EngineStage):
         if self.cfg.from_reference:
             for r in todo:
                 # no computation to take clues from: the reference answer is still the one clue to reach
-                clues = reference_clues(r.get("reference_solution") or "", r["reference_answer"])
+                clues = from_reference(r.get("reference_solution") or "", r["reference_answer"])
                 if not clues:
                     r.update(clue_status="no_reference", clue_parse_failures=0, clue_replies=[])
                     counters["no_reference"] += 1
