@@ -188,6 +188,7 @@ def to_expression(latex: str) -> str | None:
     docstring, with every product explicit (``2x(x+1)`` -> ``2*x*(x+1)``) and every decimal an exact
     fraction (``0.75`` -> ``(75/100)``); None when any part of it is outside that vocabulary."""
     s = latex.strip().rstrip(".,;:").strip()
+    s = _UNIT.sub(" ", s).strip()
     if not s or len(s) > 400 or "\x01" in s or s[0] in "+*/^" or s[-1] in "+-*/^":
         return None  # a word, or a part cut out of a longer expression
     if _REFUSE.search(s) or re.search(r"[A-Za-z]\s*\^\s*\{\s*-\s*1\s*\}\s*\(", s):
@@ -292,12 +293,23 @@ _TEXT = re.compile(r"\\(?:text|mbox|mathrm|textbf|operatorname)\s*\{[^{}]*\}")
 
 
 def _words(math: str) -> str:
-    r"""``\text{..}`` in math mode: a unit after a number or a closing bracket is dropped (``10 \text{ cm}``);
-    any other is a word (``\text{LCM} = ...``), marked so that its side is not parsed."""
+    r"""``\text{..}`` in math mode: a unit after a number or a closing bracket is marked as a unit (dropped from
+    the value, compared between the sides: ``2 \text{ dozen} = 24`` converts units and is not read); any
+    other is a word (``\text{LCM} = ...``), marked so that its side is not parsed."""
     def one(m: re.Match) -> str:
         before = math[:m.start()].rstrip()
-        return " " if before and (before[-1].isdigit() or before[-1] in ")}]") else " \x01 "
+        if before and (before[-1].isdigit() or before[-1] in ")}]"):
+            unit = re.sub(r"^\\\w+\s*\{|\}$", "", m.group()).strip().lower().rstrip("s")
+            return f" \x02{unit}\x02 "
+        return " \x01 "
     return _TEXT.sub(one, math)
+
+
+_UNIT = re.compile("\x02([^\x02]*)\x02")
+
+
+def _units(part: str) -> set[str]:
+    return set(_UNIT.findall(part))
 
 
 def _relations(math: str, previous: str | None) -> tuple[list[Relation], str | None]:
@@ -335,17 +347,20 @@ def _relations(math: str, previous: str | None) -> tuple[list[Relation], str | N
             else:
                 parts[0] = last if last is not None else previous
         exprs = [to_expression(p) for p in parts]
+        units = [_units(p) for p in parts]
         for k, op in enumerate(ops):
-            left, right = parts[k], parts[k + 1]
+            left, right = _UNIT.sub(" ", parts[k]), _UNIT.sub(" ", parts[k + 1])
             if not right.strip():
                 continue
+            if units[k] and units[k] != units[k + 1]:
+                exprs[k] = None  # a conversion between units (2 dozen = 24 cups): not read
             link = "continued" if continued and k == 0 else "first" if k == 0 else "later"
             name = None
             m = _NAME.fullmatch(left)
             if link == "first" and op == "=" and m:
                 name = m.group(1) + (f"_{m.group(2)}" if m.group(2) else "")
             whole = bool(re.search(r"\\div|÷", left)) and bool(re.fullmatch(r"\s*\d+\s*\.?\s*", right))
-            out.append(Relation(exprs[k], exprs[k + 1], op, f"{left.strip()} {op} {right.strip()}"[:200], link, name,
+            out.append(Relation(exprs[k], exprs[k + 1], op, f"{left.strip()} {op} {right.strip()}".replace("\x01", "[text]")[:200], link, name,
                                 _decimals(right), whole, bool(re.search(r"\d\.\d", left))))
         last = parts[-1] if parts[-1].strip() else last
     return out, last
