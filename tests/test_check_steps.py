@@ -124,3 +124,25 @@ def test_cli_on_real_processbench_math_rows(tmp_path):
     assert "check-steps" in run("stats", out).stdout
     sh = run("show", out, "--index", 4)  # math-4
     assert "false claim" in sh.stdout and "3104400" in sh.stdout
+
+
+def test_the_exact_chance_test_of_the_benchmark():
+    """bench/check_steps_processbench.py's P value: the exact upper tail of a sum of independent Bernoulli
+    (the outcome + random-step floor), checked against enumeration and the binomial law."""
+    import importlib.util
+    import itertools
+    import math
+
+    from tests.conftest import ROOT
+
+    spec = importlib.util.spec_from_file_location("bench_check", ROOT / "bench" / "check_steps_processbench.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    probs = [1 / 3, 1 / 5, 1 / 2, 1 / 7]
+    for k in range(6):
+        brute = sum(math.prod(p if x else 1 - p for p, x in zip(probs, xs))
+                    for xs in itertools.product((0, 1), repeat=4) if sum(xs) >= k)
+        assert bench.upper_tail(probs, k) == pytest.approx(brute, abs=1e-12)
+    assert bench.upper_tail([0.25] * 10, 4) == pytest.approx(
+        sum(math.comb(10, j) * 0.25 ** j * 0.75 ** (10 - j) for j in range(4, 11)))
+    assert bench.half_of("math-0") in ("tune", "heldout")
