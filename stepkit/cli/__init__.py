@@ -31,6 +31,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "judge": ("stepkit.cli.judge", "LLM-as-judge step labels (ProcessBench critic prompt, majority vote)."),
     "likelihood-label": ("stepkit.cli.likelihood", "Step rewards from log-probabilities (answer gain, implicit PRM); no sampling."),
     "clue": ("stepkit.cli.clue", "Answer-backtracked clues (ABSeeker): recover per problem, score each step."),
+    "check-steps": ("stepkit.cli.check_steps", "Check each step's mathematics with sympy (no model): claims held, failed, not parsed."),
     "filter": ("stepkit.cli.filter", "Keep rows that pass rules (consensus, PROF, values, steps); cut steps."),
     "export": ("stepkit.cli.export", "Write labelled rows as a Hub-layout dataset (TRL, Math-Shepherd, ProcessBench, messages, DPO)."),
     "publish": ("stepkit.cli.publish", "Publish an export folder to the Hugging Face Hub: card, figures, one commit."),

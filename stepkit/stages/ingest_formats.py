@@ -19,7 +19,8 @@ there. The formats here:
   answers: they are recovered by problem text from GSM8K test / MATH-500 (files found beside the
   ProcessBench folder or given with ``--answers``), else from another row of the same problem whose final
   answer is marked correct. A row matched to a GSM8K test problem gets that problem's annotated solution
-  as ``reference_solution``.
+  as ``reference_solution``; one matched to a MATH-500 problem its LaTeX ``solution`` (whose intermediate
+  results ``clue recover --from-reference`` takes as clues).
 * :class:`Jsonl` / :class:`Parquet` (``jsonl`` / ``parquet``): any rows, with column-mapping options
   (:class:`ColumnMapped`).
 
@@ -283,8 +284,8 @@ class ProcessBench(IngestFormat):
         return rows
 
     def _reference_answers(self) -> tuple[dict[str, str], dict[str, str]]:
-        """Problem text -> gold answer, and problem text -> annotated solution (``reference_solution``, of
-        the GSM8K rows), from GSM8K test and MATH-500 files (``--answers``, else ``../gsm8k/test.jsonl`` and
+        """Problem text -> gold answer, and problem text -> reference solution (``reference_solution``: a
+        GSM8K row's annotated answer, a MATH-500 row's ``solution``), from GSM8K test and MATH-500 files (``--answers``, else ``../gsm8k/test.jsonl`` and
         ``../math500/test.jsonl`` beside the ProcessBench folder, when there).
 
         A GSM8K row (``question``, ``answer``) gives the answer after ``####`` (or a number given as the
@@ -314,6 +315,8 @@ class ProcessBench(IngestFormat):
                     gold = gsm8k_reference(value, f, i)
                     solutions[_norm(problem)] = value
                 else:
+                    if isinstance(obj.get("solution"), str) and obj["solution"].strip():  # MATH-500's solution
+                        solutions[_norm(problem)] = obj["solution"]
                     gold = scalar_text(value, f, i, "answer", gold=True)
                     if gold is None:
                         raise InputError(f, "expected a string or number, found null", row=i, column="answer")
