@@ -39,7 +39,6 @@ not a row error, so it never counts against ``--max-error-rate``: ProcessBench m
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -47,13 +46,14 @@ from typing import Any
 import pyarrow as pa
 
 from stepkit.columns import Column, fields
-from stepkit.engines.base import EngineSpec, Request, SamplingConfig
+from stepkit.engines.base import EngineSpec, SamplingConfig
 from stepkit.errors import ConfigError, InputError, RowError
 from stepkit.grading.actions import READ_ONLY_TOOLS, action_clues
 from stepkit.grading.answers import strip_calculator_annotations
 from stepkit.grading.claims import solution_clues
 from stepkit.grading.clues import Clue, number_value, reference_clues
 from stepkit.options import Config, opt
+from stepkit.per_row import sample_parsed
 from stepkit.prompts import PromptTemplate, clue_template, render_clue_recover
 from stepkit.schema import check_values, extend_schema
 from stepkit.stage import EngineStage
@@ -61,7 +61,6 @@ from stepkit.stage import EngineStage
 # The problem columns a clue row keeps (whichever the input has).
 PROBLEM_COLUMNS = ("problem_id", "source", "prompt", "reference_answer", "reference_steps", "reference_solution",
                    "reference_actions")
-_RETRY_SEED_STRIDE = 1_000_003
 _CLUE_LINE = re.compile(r"^[ \t*#>-]*CLUE[ \t]+(\d+)[ \t]*[:.)][ \t]*(.+?)[ \t]*$", re.IGNORECASE | re.MULTILINE)
 _NONE = re.compile(r"^(?:none|n/?a|-|null|nothing|not numeric)?\.?$", re.IGNORECASE)
 
@@ -340,29 +339,22 @@ class ClueRecoverStage(EngineStage):
             solution = r.get("reference_solution")
             solution = strip_calculator_annotations(solution) if solution else "\n".join(r.get("reference_steps") or [])
             prompt = render_clue_recover(self.engine, self.template, r["prompt"], r["reference_answer"], solution or None)
-            r.update(clue_replies=[], clue_parse_failures=0)
-            rounds = 1 + (self.cfg.retries if self.sampling.temperature > 0 else 0)
-            for attempt in range(rounds):
-                sampling = self.sampling if attempt == 0 else dataclasses.replace(
-                    self.sampling, seed=self.sampling.seed + attempt * _RETRY_SEED_STRIDE)
-                (c,) = await self.engine.agenerate(Request(prompt, 1), sampling)
-                counters["replies"] += 1
-                if c.finish_reason == "error":
-                    r["error"] = RowError(self.name, f"engine: {c.error}")
-                    return
-                r["clue_replies"].append(c.text)
-                try:
-                    clues = with_answer_last(parse_clues(c.text, c.finish_reason), r["reference_answer"])
-                except ClueParseError as e:
-                    r["clue_parse_failures"] += 1
-                    r["clue_parse_error"] = str(e)
-                    counters["parse_failures"] += 1
-                    continue
-                r.update(clue_columns(clues), clue_status="ok")
-                counters["clues"] += len(clues)
+            got = await sample_parsed(
+                self.engine, prompt, self.sampling, stage=self.name, retries=self.cfg.retries,
+                parse=lambda c: with_answer_last(parse_clues(c.text, c.finish_reason), r["reference_answer"]),
+                parse_errors=(ClueParseError,))
+            counters["replies"] += got.received
+            counters["parse_failures"] += got.failures
+            if got.error is not None:
+                r["error"] = got.error
                 return
-            r["clue_status"] = "parse_failure"
-            counters["parse_failure_rows"] += 1
+            r.update(clue_replies=got.replies, clue_parse_failures=got.failures, clue_parse_error=got.last_failure)
+            if got.parsed:
+                r.update(clue_columns(got.parsed[0]), clue_status="ok")
+                counters["clues"] += len(got.parsed[0])
+            else:
+                r["clue_status"] = "parse_failure"
+                counters["parse_failure_rows"] += 1
 
         await asyncio.gather(*(recover(r) for r in rows))
 

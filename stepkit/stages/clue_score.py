@@ -62,16 +62,17 @@ from typing import Any
 import pyarrow as pa
 
 from stepkit.columns import Column, fields
-from stepkit.engines.base import EngineSpec, Request, SamplingConfig
+from stepkit.engines.base import EngineSpec, SamplingConfig
 from stepkit.errors import ConfigError, InputError, RowError
 from stepkit.grading.actions import KINDS, READ_ONLY_TOOLS, match_turns
 from stepkit.grading.clues import claim_holds, number_value, problem_numbers, read_step
 from stepkit.grading.verdicts import VerdictParseError, parse_first_error
 from stepkit.options import Config, opt
+from stepkit.per_row import sample_parsed
 from stepkit.prompts import PromptTemplate, clue_template, render_clue_verify
 from stepkit.schema import check_steps, check_values, extend_schema
 from stepkit.stage import EngineStage, SideInput
-from stepkit.stages.clue_recover import _RETRY_SEED_STRIDE, CLUE_STATUSES, _check_pattern
+from stepkit.stages.clue_recover import CLUE_STATUSES, _check_pattern
 
 MATCH_MODES = ("numeric", "llm", "both")
 
@@ -362,23 +363,22 @@ class ClueScoreStage(EngineStage):
         async def verdict(r, k, text):
             prompt = render_clue_verify(self.engine, self.template, r["prompt"], r["steps"], text)
             result[id(r)][k] = None
-            rounds = 1 + (self.cfg.retries if self.sampling.temperature > 0 else 0)
-            for attempt in range(rounds):
-                sampling = self.sampling if attempt == 0 else dataclasses.replace(
-                    self.sampling, seed=self.sampling.seed + attempt * _RETRY_SEED_STRIDE)
-                (c,) = await self.engine.agenerate(Request(prompt, 1), sampling)
-                if c.finish_reason == "error":
-                    r["error"] = RowError(self.name, f"engine: {c.error}")
-                    return
-                try:
-                    if c.finish_reason == "length":
-                        raise VerdictParseError("reply cut off by max_tokens before its verdict")
-                    result[id(r)][k] = parse_first_error(c.text, len(r["steps"]))
-                    counters["verdicts"] += 1
-                    return
-                except VerdictParseError:
-                    counters["verdict_failures"] += 1
-                    r["clue_verdict_failures"] = (r.get("clue_verdict_failures") or 0) + 1
+
+            def parse(c):
+                if c.finish_reason == "length":
+                    raise VerdictParseError("reply cut off by max_tokens before its verdict")
+                return parse_first_error(c.text, len(r["steps"]))
+
+            got = await sample_parsed(self.engine, prompt, self.sampling, parse, stage=self.name,
+                                      retries=self.cfg.retries, parse_errors=(VerdictParseError,))
+            counters["verdict_failures"] += got.failures
+            if got.failures:
+                r["clue_verdict_failures"] = (r.get("clue_verdict_failures") or 0) + got.failures
+            if got.error is not None:
+                r["error"] = got.error
+            elif got.parsed:
+                result[id(r)][k] = got.parsed[0]
+                counters["verdicts"] += 1
 
         async def run_all():
             await asyncio.gather(*(verdict(*w) for w in wanted))
