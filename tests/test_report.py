@@ -303,7 +303,7 @@ def test_an_mcts_tree_is_drawn_with_the_rows_path(browser, shards, tmp_path, che
         k = sum(1 for s in r["steps"] if s in done)
         fe = r["reference_first_error"]
         ok = (fe == -1 or k <= fe) and j % 2 == 0
-        return f"We go on from step {k}.\nThe answer is {r['reference_answer'] if ok else '-7'}."
+        return f"We go on from step {k} (way {j}).\nThen one more step.\nThe answer is {r['reference_answer'] if ok else '-7'}."
 
     cfg = MCTSConfig(continuations=4, search_limit=3, tree_out=str(tmp_path / "tree.parquet"))
     stage = MCTSLabelStage(cfg, EngineSpec.of(ScriptedEngine(policy, "scripted:report")), SamplingConfig(max_tokens=64),
@@ -323,5 +323,6 @@ def test_an_mcts_tree_is_drawn_with_the_rows_path(browser, shards, tmp_path, che
     assert page.locator("#tree g[data-node]").count() == len(tree)
     marked = page.eval_on_selector_all("#tree g[data-node] circle[stroke-width='3']",
                                        "es => es.map(e => e.parentNode.dataset.node)")
-    assert sorted(marked) == sorted({x.rsplit("/", 1)[-1] for x in row["mcts_node_id"] if x})
+    root = next(n["node_id"] for n in tree if n["parent_id"] is None).rsplit("/", 1)[-1]
+    assert sorted(marked) == sorted({root, *(x.rsplit("/", 1)[-1] for x in row["mcts_node_id"] if x)})
     page.close()

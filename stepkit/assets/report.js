@@ -312,6 +312,7 @@
     const kids = new Map(), byId = new Map(nodes.map((n) => [n[0], n]));
     for (const n of nodes) if (n[1] !== null && byId.has(n[1])) (kids.get(n[1]) || kids.set(n[1], []).get(n[1])).push(n);
     const roots = nodes.filter((n) => n[1] === null || !byId.has(n[1]));
+    if (path.size) roots.forEach((n) => path.add(n[0]));  // (every path starts at the problem)
     const pos = new Map();
     let leaf = 0, maxLevel = 0;
     const place = (n, level) => {  // depth-first: leaves one row apart, a parent beside its first child
@@ -321,7 +322,7 @@
       else { ch.forEach((c) => place(c, level + 1)); pos.set(n[0], [level, pos.get(ch[0][0])[1]]); }
     };
     roots.forEach((n) => place(n, 0));
-    const X = (l) => 12 + l * 150, Y = (i) => 16 + i * 24;
+    const X = (l) => 12 + l * 150, Y = (i) => 24 + i * 28;
     const svg = s("svg", { width: X(maxLevel) + 160, height: Y(leaf) + 4, role: "img", id: "tree" });
     for (const n of nodes) if (n[1] !== null && byId.has(n[1])) {
       const [a, b] = [pos.get(n[1]), pos.get(n[0])];
@@ -335,7 +336,7 @@
         "\nvalue own " + fmt(n[7]) + ", subtree " + fmt(n[8]) + "; visits " + n[4] + ", rollouts " + n[5] + ", successes " + n[6] }));
       g.append(s("circle", { cx: X(l), cy: Y(i), r: 6, fill: v === null ? "#ccc" : hue(v, ["unit", 0, 1]),
         stroke: path.has(n[0]) ? "#1b4fa8" : "#666", "stroke-width": path.has(n[0]) ? 3 : 1 }));
-      g.append(s("text", { x: X(l) + 9, y: Y(i) + 4, text: n[0] + " v=" + fmt(n[7], 2) + " n=" + n[5] }));
+      g.append(s("text", { x: X(l) + 7, y: Y(i) - 7, text: n[0] + " v=" + fmt(n[7], 2) + " n=" + n[5] }));
       svg.append(g);
     }
     return h("div", { class: "tree" }, h("h3", { text: "tree search (mcts-label --tree-out): " + nodes.length + " nodes" }),

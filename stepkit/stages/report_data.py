@@ -316,7 +316,7 @@ def summary(table: pa.Table, lab: Labeller, fe: list[int | None]) -> dict[str, A
 def read_trees(paths: list[Path], problems: set[str], max_nodes: int = 400) -> dict[str, list]:
     """The ``--tree-out`` nodes of ``problems`` (``mcts_label.NODE_SCHEMA``): per problem, up to ``max_nodes``
     nodes as ``[node, parent, depth, step, visits, rollouts, successes, value_own, value_subtree]`` (node
-    ids without the problem prefix; the step clipped to 400 characters).
+    ids without the problem prefix; the step clipped to 400 characters; a node in two files once).
 
     Raises:
         InputError: a file without the node columns.
@@ -324,6 +324,7 @@ def read_trees(paths: list[Path], problems: set[str], max_nodes: int = 400) -> d
     need = ["problem_id", "node_id", "parent_id", "depth", "step", "visits", "rollouts", "successes",
             "value_own", "value_subtree"]
     out: dict[str, list] = {}
+    seen: set[tuple[str, str]] = set()  # (a node in two files is drawn once, from the first)
     for p in paths:
         pf = open_parquet(p)
         missing = [c for c in need if c not in pf.schema_arrow.names]
@@ -333,8 +334,9 @@ def read_trees(paths: list[Path], problems: set[str], max_nodes: int = 400) -> d
         t = t.filter(pc.is_in(t.column("problem_id"), pa.array(sorted(problems), pa.string())))
         for r in t.to_pylist():
             nodes = out.setdefault(r["problem_id"], [])
-            if len(nodes) >= max_nodes:
+            if len(nodes) >= max_nodes or (r["problem_id"], r["node_id"]) in seen:
                 continue
+            seen.add((r["problem_id"], r["node_id"]))
             short = lambda x: None if x is None else x.rsplit("/", 1)[-1]  # noqa: E731
             step = r["step"] if r["step"] is None or len(r["step"]) <= 400 else r["step"][:400] + "…"
             nodes.append([short(r["node_id"]), short(r["parent_id"]), r["depth"], step, r["visits"], r["rollouts"],
