@@ -192,6 +192,12 @@ def test_the_page_filters_and_shows_the_shards_labels(browser, labelled, tmp_pat
     page.select_option("#dis-mode", "eq")
     assert count(page) == 16 - differ
     page.select_option("#dis-mode", "")
+    fes = [{r["reference_first_error"], r["judge_first_error"], r["clue_first_error"]} - {None} for r in rows]
+    page.select_option("#split", "some")
+    assert 0 < count(page) == sum(len(f) >= 2 for f in fes)
+    page.select_option("#split", "none")
+    assert count(page) == sum(len(f) == 1 for f in fes)
+    page.select_option("#split", "")
     page.select_option("#reason", "consensus")
     assert 0 < count(page) == sum(r["filter_reason"] == "consensus" for r in rows)
     page.select_option("#reason", "")

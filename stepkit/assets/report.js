@@ -122,7 +122,7 @@
   }
 
   // ---------------------------------------------------------------------------------------- filters
-  const state = { q: "", outcome: "", status: "", a: "", b: "", mode: "", reason: "", page: 0, selected: null };
+  const state = { q: "", outcome: "", status: "", a: "", b: "", mode: "", split: "", reason: "", page: 0, selected: null };
   let haystack = null;
   function matches(r) {
     if (state.outcome) {
@@ -136,6 +136,10 @@
     if (state.reason) {
       const why = r.fr === null || r.fr === undefined ? "kept" : r.fr;
       if (why !== state.reason) return false;
+    }
+    if (state.split) {  // the distinct first errors of the labellers that label the row
+      const seen = new Set(Object.values(r.fe).filter((x) => x !== null && x !== undefined));
+      if (state.split === "some" ? seen.size < 2 : seen.size !== 1) return false;
     }
     if (state.mode && state.a && state.b) {
       const fa = r.fe[state.a], fb = r.fe[state.b];
@@ -177,7 +181,8 @@
       select("status", "status", statusOpts, "status"));
     if (withFe.length >= 2)
       box.append(h("span", {}, "first error of ", select("dis-a", "labeller A", labOpts, "a"),
-        select("dis-mode", "", [["", "(off)"], ["ne", "≠"], ["eq", "="]], "mode"), select("dis-b", "labeller B", labOpts, "b")));
+        select("dis-mode", "", [["", "(off)"], ["ne", "≠"], ["eq", "="]], "mode"), select("dis-b", "labeller B", labOpts, "b")),
+        select("split", "all first errors", [["", "any"], ["some", "some labellers disagree"], ["none", "all labellers agree"]], "split"));
     if (Object.keys(D.filter_reasons).length)
       box.append(select("reason", "filter", [["", "any"], ...Object.keys(D.filter_reasons).map((k) => [k, k])], "reason"));
     box.append(h("span", { id: "count", "data-count": "0" }));
@@ -220,7 +225,8 @@
     count.textContent = visible.length + " of " + D.rows.length + " rows match";
     const body = document.querySelector("#rows-table tbody");
     const trs = visible.slice(state.page * size, (state.page + 1) * size).map((r) =>
-      h("tr", { "data-id": r.id, class: r === state.selected ? "selected" : null, on: { click: () => showRow(r) } },
+      h("tr", { "data-id": r.id, tabindex: 0, class: r === state.selected ? "selected" : null,
+        on: { click: () => showRow(r), keydown: (e) => { if (e.key === "Enter") showRow(r); } } },
         h("td", { text: r.id }), h("td", {}, outcomeTag(r.oc)), h("td", { class: "num", text: r.steps.length }),
         h("td", {}, statusTags(r)), h("td", {}, feTags(r)), h("td", { text: r.fr || "" })));
     body.replaceChildren(...trs);

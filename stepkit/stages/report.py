@@ -9,7 +9,8 @@ repository's files alike. Its Content-Security-Policy (``default-src 'none'``) f
   The figures cover every row of IN, whatever the page carries.
 * **Rows**: a table searchable by id and text, filterable by outcome, status (each labeller's status
   column, and row errors), labeller disagreement (first error of labeller A ≠ or = that of labeller B,
-  the human ``reference_first_error`` among them) and filter reason (``filter --flag-only`` / ``--dropped``
+  the human ``reference_first_error`` among them; or: some labellers' first errors differ / all agree) and
+  filter reason (``filter --flag-only`` / ``--dropped``
   rows), paged.
 * **A row**: each step with every labeller's label and value beside it (colour and the number, readable
   without colour: ✓/✗, the value, and a mark on each labeller's first error), the human label where the
