@@ -47,10 +47,8 @@ from stepkit.errors import ConfigError
 from stepkit.options import Config, opt
 
 ASSETS = Path(__file__).resolve().parents[1] / "assets"
-NODE_COLUMN = "mcts_node_id"  # mcts-label's per-step node ids: where a row's path lies in its --tree-out tree
+NODE_COLUMN = "mcts_node_id"  # (report_data.NODE_COLUMN, kept here so that --help imports no numpy)
 CLIP = 4000  # characters of a message or tool result the page carries (its length is noted beyond that)
-ROW_COLUMNS = ("id", "problem_id", "prompt", "steps", "outcome_correct", "final_answer", "reference_answer",
-               "generator", "error", "filter_reason", "filter_rule", "prompt_messages", "step_messages", NODE_COLUMN)
 
 
 @dataclass(frozen=True)
@@ -162,7 +160,7 @@ def build(inputs: list[str | os.PathLike], cfg: ReportConfig) -> dict[str, Any]:
         index = list(range(n))
     else:
         index = sorted(random.Random(cfg.seed).sample(range(n), cfg.sample))
-    cols = [c for c in dict.fromkeys([*ROW_COLUMNS, *(c for lab in labs for c in (*lab.labels, *lab.values)),
+    cols = [c for c in dict.fromkeys([*report_data.ROW_COLUMNS, *(c for lab in labs for c in (*lab.labels, *lab.values)),
                                       *(lab.status for lab in labs if lab.status)]) if c in table.column_names]
     carried = table.select(cols).take(pa.array(index, pa.int64())).to_pylist() if index else []
     rows = [row_doc(r, i, labs, fes) for r, i in zip(carried, index)]

@@ -40,6 +40,12 @@ from stepkit.shards import list_shards, open_parquet, read_manifest
 
 MAX_POSITIONS = 40  # value-by-position figures stop at this step position
 HUMAN = {c.name for c in REFERENCE_COLUMNS}
+NODE_COLUMN = "mcts_node_id"  # mcts-label's per-step node ids: where a row's path lies in its --tree-out tree
+ROW_COLUMNS = ("id", "problem_id", "prompt", "steps", "outcome_correct", "final_answer", "reference_answer",
+               "generator", "error", "filter_reason", "filter_rule", "prompt_messages", "step_messages", NODE_COLUMN)
+"""The columns the page shows besides the labellers' (the core trajectory columns, filter's reason, a
+conversation's messages, mcts-label's node ids); only these and the declared label, value, first-error and
+status columns are read."""
 
 
 @dataclass
@@ -81,9 +87,11 @@ def load(paths: list[str | os.PathLike]) -> Source:
             continue
         for shard in list_shards(p):
             pf = open_parquet(shard)
-            read_meanings(pf.schema_arrow, shard)  # bad metadata is one line naming the file
+            meanings = read_meanings(pf.schema_arrow, shard)  # bad metadata is one line naming the file
+            roles = {n for n, c in meanings.columns.items() if c.role in ("label", "value", "first_error", "status")}
+            columns = [n for n in pf.schema_arrow.names if n in ROW_COLUMNS or n in roles]
             try:
-                tables.append(pf.read())
+                tables.append(pf.read(columns=columns))
             except (pa.ArrowException, OSError) as e:
                 raise InputError(shard, f"cannot read its rows ({str(e).splitlines()[0][:160]})") from None
             inputs.append({"path": shard.name, "rows": pf.metadata.num_rows, "kind": "shard"})
