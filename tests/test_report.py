@@ -154,6 +154,15 @@ def test_bad_input_is_one_line(tmp_path, labelled):
     assert r.exit_code == 1 and "the report is an .html file" in r.output
 
 
+def test_typeset_without_katex_is_one_line(labelled, tmp_path, monkeypatch):
+    from stepkit.cli import main
+
+    monkeypatch.setenv("STEPKIT_KATEX", str(tmp_path / "no-katex"))
+    r = CliRunner().invoke(main, ["report", str(labelled), "--typeset", "-o", str(tmp_path / "r.html")])
+    assert r.exit_code == 1 and "--typeset:" in r.output and "libjs-katex" in r.output
+    assert not (tmp_path / "r.html").exists()
+
+
 def test_report_help_loads_no_heavy_module():
     from tests.test_import_weight import loaded
 
@@ -331,4 +340,23 @@ def test_an_mcts_tree_is_drawn_with_the_rows_path(browser, shards, tmp_path, che
                                        "es => es.map(e => e.parentNode.dataset.node)")
     root = next(n["node_id"] for n in tree if n["parent_id"] is None).rsplit("/", 1)[-1]
     assert sorted(marked) == sorted({root, *(x.rsplit("/", 1)[-1] for x in row["mcts_node_id"] if x)})
+    page.close()
+
+
+def test_latex_is_typeset_by_the_local_katex_only_when_asked(browser, labelled, tmp_path):
+    rows = pq.read_table(labelled).to_pylist()
+    r = next(r for r in rows if any("\\(" in x or "\\[" in x for x in r["steps"]))
+    assert "KaTeX_AMS" not in report(tmp_path, [labelled]).read_text()  # no KaTeX without --typeset
+    out = report(tmp_path, [labelled], typeset=True)
+    assert out.stat().st_size < 2e6
+    page = open_page(browser, out)
+    assert page.problems == [] and all(u.startswith("data:") for u in page.requests[1:])  # fonts inline
+    page.fill("#search", r["id"])
+    count(page)
+    page.click(f"#rows-table tbody tr[data-id='{r['id']}']")
+    assert page.locator("#steps td.step .katex").count() > 0
+    page.uncheck("#typeset")
+    assert page.locator("#steps .katex").count() == 0
+    assert page.eval_on_selector_all("#steps td.step", "es => es.map(e => e.textContent)") == r["steps"]
+    assert page.problems == []
     page.close()

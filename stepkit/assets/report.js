@@ -236,6 +236,13 @@
   }
 
   // ---------------------------------------------------------------------------------------- one row
+  const TEX = [{ left: "$$", right: "$$", display: true }, { left: "\\[", right: "\\]", display: true },
+    { left: "\\(", right: "\\)", display: false }, { left: "$", right: "$", display: false }];
+  let typeset = Boolean(D.typeset && window.renderMathInElement);
+  function tex(el) {  // KaTeX (inlined by --typeset) renders the TeX of a text node; trust: false (no links, no HTML)
+    if (typeset) window.renderMathInElement(el, { delimiters: TEX, throwOnError: false, trust: false });
+    return el;
+  }
   function labelled(lab, r) {
     return !(lab.status && lab.no_labels.includes(r.st[lab.key]));
   }
@@ -270,11 +277,11 @@
   function message(m) {
     const long = (m.r === "tool" || m.r === "system") && m.t.length > 300;
     const body = long
-      ? h("details", {}, h("summary", { text: m.t.slice(0, 300) + "… show all (" + m.t.length + " chars)" }), h("div", { class: "text", text: m.t }))
-      : h("span", { class: "text", text: m.t });
+      ? h("details", {}, h("summary", { text: m.t.slice(0, 300) + "… show all (" + m.t.length + " chars)" }), h("div", { class: "txt", text: m.t }))
+      : h("span", { class: "txt", text: m.t });
     const div = h("div", { class: "msg " + m.r }, h("span", { class: "role", text: m.r + (m.n ? " (" + m.n + ")" : "") + ":" }), body);
     for (const [name, args] of m.calls || [])
-      div.append(h("div", { class: "call" }, "→ call ", h("b", { text: name }), " ", h("span", { class: "text", text: args })));
+      div.append(h("div", { class: "call" }, "→ call ", h("b", { text: name }), " ", h("span", { class: "txt", text: args })));
     return div;
   }
   function showRow(r) {
@@ -300,15 +307,18 @@
         parts.push(turn, ...msgs.map(message));
       });
     } else {
-      parts.push(h("div", { class: "prompt text", text: r.prompt }));
+      parts.push(tex(h("div", { class: "prompt txt", text: r.prompt })));
       const cols = cellsFor(r, 0).map(([c]) => c);
       const t = h("table", { id: "steps" }, h("thead", {}, h("tr", {}, h("th", { text: "#" }), h("th", { text: "step" }),
         cols.map((c) => h("th", { class: "num", text: c })))));
       const tb = h("tbody", {});
       r.steps.forEach((step, k) => tb.append(h("tr", { "data-step": k }, h("td", { class: "num", text: k }),
-        h("td", { class: "step text", text: step }), cellsFor(r, k).map(([, td]) => td))));
+        tex(h("td", { class: "step txt", text: step })), cellsFor(r, k).map(([, td]) => td))));
       t.append(tb);
-      parts.push(t, h("div", { class: "legend", text: "✓ correct, ✗ wrong, – no label, n/a: the labeller's status says the row has no labels; values coloured red (low) to green (high) over their scale; the outlined cell is the labeller's first error. LaTeX is shown as written." }));
+      parts.push(t, h("div", { class: "legend", text: "✓ correct, ✗ wrong, – no label, n/a: the labeller's status says the row has no labels; values coloured red (low) to green (high) over their scale; the outlined cell is the labeller's first error. " +
+        (D.typeset ? "LaTeX typeset by the KaTeX inlined in this file." : "LaTeX is shown as written (stepkit report --typeset typesets it with the machine's KaTeX).") }));
+      if (D.typeset) parts.push(h("label", {}, h("input", { type: "checkbox", id: "typeset", checked: typeset ? "" : null,
+        on: { change: (e) => { typeset = e.target.checked; showRow(r); } } }), " typeset LaTeX"));
     }
     const tree = r.nodes && D.trees[r.pid];
     if (tree) parts.push(drawTree(tree, new Set(r.nodes.filter(Boolean))));
