@@ -25,7 +25,8 @@ ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-f
 INJECTIONS = ["<script>window.__pwned = 1</script>", "</div></td></tr></table><b id=\"pwn\">x</b>",
               "{{ 7*7 }} {{DATA}} {{JS}} {% if 1 %}", "[bold red]rich[/bold red] [link=https://x.invalid]y[/link]",
               "<img src=x onerror=\"window.__pwned = 2\">", "</script><script>window.__pwned = 3</script>",
-              "<!-- \u2028 &amp; &lt;"]
+              "<!-- \u2028 &amp; &lt;",
+              "$\\href{javascript:window.__pwned=4}{x}$ \\(\\htmlId{pwn}{x}\\) $<img src=x onerror='window.__pwned=5'>$"]
 
 
 def cli(*args):
@@ -252,7 +253,7 @@ def test_injection_strings_render_as_text(browser, labelled, tmp_path):
         return t.set_column(t.schema.get_field_index(name), t.schema.field(name), pa.array(col, t.schema.field(name).type))
 
     t = replaced("id", INJECTIONS[0])
-    prompt = INJECTIONS[1] + INJECTIONS[4] + INJECTIONS[3] + INJECTIONS[6]
+    prompt = INJECTIONS[1] + INJECTIONS[4] + INJECTIONS[3] + INJECTIONS[6] + INJECTIONS[7]
     t = replaced("prompt", prompt)
     steps = [INJECTIONS[k % len(INJECTIONS)] for k in range(len(t.column("steps")[0]))]  # (as many as labels)
     t = replaced("steps", steps)
@@ -278,6 +279,11 @@ def test_injection_strings_render_as_text(browser, labelled, tmp_path):
     page.fill("#search", "{{ 7*7 }}")
     assert count(page) == 1 and n > 1
     assert page.title() == "inj.parquet · stepkit report"
+    page.close()
+    page = open_page(browser, report(tmp_path, [path], typeset=True))  # KaTeX reads the TeX, trusts none of it
+    assert page.locator("#row .prompt .katex").count() >= 2
+    assert page.problems == [] and page.evaluate("window.__pwned") is None
+    assert page.locator("#pwn").count() == 0 and page.locator("img").count() == 0 and page.locator("a").count() == 0
     page.close()
 
 
