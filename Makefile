@@ -6,6 +6,7 @@ VENV ?= .venv
 DATA ?= ../shared/data
 BIN := $(VENV)/bin
 CHROMIUM := /usr/bin/chromium
+KATEX := /usr/share/javascript/katex/katex.min.js
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # pip prints one warning per package for the machine's local index folders; keep the log readable.
 QUIET := 2>&1 | { grep -v "is ignored: it is neither a file nor a directory" || true; }
@@ -19,11 +20,12 @@ export TRANSFORMERS_OFFLINE := 1
 help:
 	@echo "make setup | model | demo | test | test-fast | lint | bench | clean"
 
-setup: $(VENV)/.stepkit-setup $(CHROMIUM)
-# The report's browser tests drive Debian's chromium with Playwright (never a browser build of its own).
-$(CHROMIUM):
+setup: $(VENV)/.stepkit-setup $(CHROMIUM) $(KATEX)
+# The report's browser tests drive Debian's chromium with Playwright (never a browser build of its own);
+# `stepkit report --typeset` inlines Debian's KaTeX. Each is installed once (skipped when its file exists).
+$(CHROMIUM) $(KATEX):
 	$(SUDO) apt-get update -qq
-	DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq chromium
+	DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq chromium libjs-katex
 $(VENV)/.stepkit-setup: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q -e ".[test,model,train,ray,$(ENGINE_EXTRA)]" $(QUIET)

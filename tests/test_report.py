@@ -25,7 +25,8 @@ ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-f
 INJECTIONS = ["<script>window.__pwned = 1</script>", "</div></td></tr></table><b id=\"pwn\">x</b>",
               "{{ 7*7 }} {{DATA}} {{JS}} {% if 1 %}", "[bold red]rich[/bold red] [link=https://x.invalid]y[/link]",
               "<img src=x onerror=\"window.__pwned = 2\">", "</script><script>window.__pwned = 3</script>",
-              "<!-- \u2028 &amp; &lt;"]
+              "<!-- \u2028 &amp; &lt;",
+              "$\\href{javascript:window.__pwned=4}{x}$ \\(\\htmlId{pwn}{x}\\) $<img src=x onerror='window.__pwned=5'>$"]
 
 
 def cli(*args):
@@ -154,6 +155,15 @@ def test_bad_input_is_one_line(tmp_path, labelled):
     assert r.exit_code == 1 and "the report is an .html file" in r.output
 
 
+def test_typeset_without_katex_is_one_line(labelled, tmp_path, monkeypatch):
+    from stepkit.cli import main
+
+    monkeypatch.setenv("STEPKIT_KATEX", str(tmp_path / "no-katex"))
+    r = CliRunner().invoke(main, ["report", str(labelled), "--typeset", "-o", str(tmp_path / "r.html")])
+    assert r.exit_code == 1 and "--typeset:" in r.output and "libjs-katex" in r.output
+    assert not (tmp_path / "r.html").exists()
+
+
 def test_report_help_loads_no_heavy_module():
     from tests.test_import_weight import loaded
 
@@ -192,6 +202,12 @@ def test_the_page_filters_and_shows_the_shards_labels(browser, labelled, tmp_pat
     page.select_option("#dis-mode", "eq")
     assert count(page) == 16 - differ
     page.select_option("#dis-mode", "")
+    fes = [{r["reference_first_error"], r["judge_first_error"], r["clue_first_error"]} - {None} for r in rows]
+    page.select_option("#split", "some")
+    assert 0 < count(page) == sum(len(f) >= 2 for f in fes)
+    page.select_option("#split", "none")
+    assert count(page) == sum(len(f) == 1 for f in fes)
+    page.select_option("#split", "")
     page.select_option("#reason", "consensus")
     assert 0 < count(page) == sum(r["filter_reason"] == "consensus" for r in rows)
     page.select_option("#reason", "")
@@ -237,7 +253,7 @@ def test_injection_strings_render_as_text(browser, labelled, tmp_path):
         return t.set_column(t.schema.get_field_index(name), t.schema.field(name), pa.array(col, t.schema.field(name).type))
 
     t = replaced("id", INJECTIONS[0])
-    prompt = INJECTIONS[1] + INJECTIONS[4] + INJECTIONS[3] + INJECTIONS[6]
+    prompt = INJECTIONS[1] + INJECTIONS[4] + INJECTIONS[3] + INJECTIONS[6] + INJECTIONS[7]
     t = replaced("prompt", prompt)
     steps = [INJECTIONS[k % len(INJECTIONS)] for k in range(len(t.column("steps")[0]))]  # (as many as labels)
     t = replaced("steps", steps)
@@ -263,6 +279,11 @@ def test_injection_strings_render_as_text(browser, labelled, tmp_path):
     page.fill("#search", "{{ 7*7 }}")
     assert count(page) == 1 and n > 1
     assert page.title() == "inj.parquet · stepkit report"
+    page.close()
+    page = open_page(browser, report(tmp_path, [path], typeset=True))  # KaTeX reads the TeX, trusts none of it
+    assert page.locator("#row .prompt .katex").count() >= 2
+    assert page.problems == [] and page.evaluate("window.__pwned") is None
+    assert page.locator("#pwn").count() == 0 and page.locator("img").count() == 0 and page.locator("a").count() == 0
     page.close()
 
 
@@ -303,7 +324,7 @@ def test_an_mcts_tree_is_drawn_with_the_rows_path(browser, shards, tmp_path, che
         k = sum(1 for s in r["steps"] if s in done)
         fe = r["reference_first_error"]
         ok = (fe == -1 or k <= fe) and j % 2 == 0
-        return f"We go on from step {k}.\nThe answer is {r['reference_answer'] if ok else '-7'}."
+        return f"We go on from step {k} (way {j}).\nThen one more step.\nThe answer is {r['reference_answer'] if ok else '-7'}."
 
     cfg = MCTSConfig(continuations=4, search_limit=3, tree_out=str(tmp_path / "tree.parquet"))
     stage = MCTSLabelStage(cfg, EngineSpec.of(ScriptedEngine(policy, "scripted:report")), SamplingConfig(max_tokens=64),
@@ -323,5 +344,25 @@ def test_an_mcts_tree_is_drawn_with_the_rows_path(browser, shards, tmp_path, che
     assert page.locator("#tree g[data-node]").count() == len(tree)
     marked = page.eval_on_selector_all("#tree g[data-node] circle[stroke-width='3']",
                                        "es => es.map(e => e.parentNode.dataset.node)")
-    assert sorted(marked) == sorted({x.rsplit("/", 1)[-1] for x in row["mcts_node_id"] if x})
+    root = next(n["node_id"] for n in tree if n["parent_id"] is None).rsplit("/", 1)[-1]
+    assert sorted(marked) == sorted({root, *(x.rsplit("/", 1)[-1] for x in row["mcts_node_id"] if x)})
+    page.close()
+
+
+def test_latex_is_typeset_by_the_local_katex_only_when_asked(browser, labelled, tmp_path):
+    rows = pq.read_table(labelled).to_pylist()
+    r = next(r for r in rows if any("\\(" in x or "\\[" in x for x in r["steps"]))
+    assert "KaTeX_AMS" not in report(tmp_path, [labelled]).read_text()  # no KaTeX without --typeset
+    out = report(tmp_path, [labelled], typeset=True)
+    assert out.stat().st_size < 2e6
+    page = open_page(browser, out)
+    assert page.problems == [] and all(u.startswith("data:") for u in page.requests[1:])  # fonts inline
+    page.fill("#search", r["id"])
+    count(page)
+    page.click(f"#rows-table tbody tr[data-id='{r['id']}']")
+    assert page.locator("#steps td.step .katex").count() > 0
+    page.uncheck("#typeset")
+    assert page.locator("#steps .katex").count() == 0
+    assert page.eval_on_selector_all("#steps td.step", "es => es.map(e => e.textContent)") == r["steps"]
+    assert page.problems == []
     page.close()

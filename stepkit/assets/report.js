@@ -122,7 +122,7 @@
   }
 
   // ---------------------------------------------------------------------------------------- filters
-  const state = { q: "", outcome: "", status: "", a: "", b: "", mode: "", reason: "", page: 0, selected: null };
+  const state = { q: "", outcome: "", status: "", a: "", b: "", mode: "", split: "", reason: "", page: 0, selected: null };
   let haystack = null;
   function matches(r) {
     if (state.outcome) {
@@ -136,6 +136,10 @@
     if (state.reason) {
       const why = r.fr === null || r.fr === undefined ? "kept" : r.fr;
       if (why !== state.reason) return false;
+    }
+    if (state.split) {  // the distinct first errors of the labellers that label the row
+      const seen = new Set(Object.values(r.fe).filter((x) => x !== null && x !== undefined));
+      if (state.split === "some" ? seen.size < 2 : seen.size !== 1) return false;
     }
     if (state.mode && state.a && state.b) {
       const fa = r.fe[state.a], fb = r.fe[state.b];
@@ -177,7 +181,8 @@
       select("status", "status", statusOpts, "status"));
     if (withFe.length >= 2)
       box.append(h("span", {}, "first error of ", select("dis-a", "labeller A", labOpts, "a"),
-        select("dis-mode", "", [["", "(off)"], ["ne", "≠"], ["eq", "="]], "mode"), select("dis-b", "labeller B", labOpts, "b")));
+        select("dis-mode", "", [["", "(off)"], ["ne", "≠"], ["eq", "="]], "mode"), select("dis-b", "labeller B", labOpts, "b")),
+        select("split", "all first errors", [["", "any"], ["some", "some labellers disagree"], ["none", "all labellers agree"]], "split"));
     if (Object.keys(D.filter_reasons).length)
       box.append(select("reason", "filter", [["", "any"], ...Object.keys(D.filter_reasons).map((k) => [k, k])], "reason"));
     box.append(h("span", { id: "count", "data-count": "0" }));
@@ -220,7 +225,8 @@
     count.textContent = visible.length + " of " + D.rows.length + " rows match";
     const body = document.querySelector("#rows-table tbody");
     const trs = visible.slice(state.page * size, (state.page + 1) * size).map((r) =>
-      h("tr", { "data-id": r.id, class: r === state.selected ? "selected" : null, on: { click: () => showRow(r) } },
+      h("tr", { "data-id": r.id, tabindex: 0, class: r === state.selected ? "selected" : null,
+        on: { click: () => showRow(r), keydown: (e) => { if (e.key === "Enter") showRow(r); } } },
         h("td", { text: r.id }), h("td", {}, outcomeTag(r.oc)), h("td", { class: "num", text: r.steps.length }),
         h("td", {}, statusTags(r)), h("td", {}, feTags(r)), h("td", { text: r.fr || "" })));
     body.replaceChildren(...trs);
@@ -230,6 +236,13 @@
   }
 
   // ---------------------------------------------------------------------------------------- one row
+  const TEX = [{ left: "$$", right: "$$", display: true }, { left: "\\[", right: "\\]", display: true },
+    { left: "\\(", right: "\\)", display: false }, { left: "$", right: "$", display: false }];
+  let typeset = Boolean(D.typeset && window.renderMathInElement);
+  function tex(el) {  // KaTeX (inlined by --typeset) renders the TeX of a text node; trust: false (no links, no HTML)
+    if (typeset) window.renderMathInElement(el, { delimiters: TEX, throwOnError: false, trust: false });
+    return el;
+  }
   function labelled(lab, r) {
     return !(lab.status && lab.no_labels.includes(r.st[lab.key]));
   }
@@ -264,11 +277,11 @@
   function message(m) {
     const long = (m.r === "tool" || m.r === "system") && m.t.length > 300;
     const body = long
-      ? h("details", {}, h("summary", { text: m.t.slice(0, 300) + "… show all (" + m.t.length + " chars)" }), h("div", { class: "text", text: m.t }))
-      : h("span", { class: "text", text: m.t });
+      ? h("details", {}, h("summary", { text: m.t.slice(0, 300) + "… show all (" + m.t.length + " chars)" }), h("div", { class: "txt", text: m.t }))
+      : h("span", { class: "txt", text: m.t });
     const div = h("div", { class: "msg " + m.r }, h("span", { class: "role", text: m.r + (m.n ? " (" + m.n + ")" : "") + ":" }), body);
     for (const [name, args] of m.calls || [])
-      div.append(h("div", { class: "call" }, "→ call ", h("b", { text: name }), " ", h("span", { class: "text", text: args })));
+      div.append(h("div", { class: "call" }, "→ call ", h("b", { text: name }), " ", h("span", { class: "txt", text: args })));
     return div;
   }
   function showRow(r) {
@@ -294,15 +307,18 @@
         parts.push(turn, ...msgs.map(message));
       });
     } else {
-      parts.push(h("div", { class: "prompt text", text: r.prompt }));
+      parts.push(tex(h("div", { class: "prompt txt", text: r.prompt })));
       const cols = cellsFor(r, 0).map(([c]) => c);
       const t = h("table", { id: "steps" }, h("thead", {}, h("tr", {}, h("th", { text: "#" }), h("th", { text: "step" }),
         cols.map((c) => h("th", { class: "num", text: c })))));
       const tb = h("tbody", {});
       r.steps.forEach((step, k) => tb.append(h("tr", { "data-step": k }, h("td", { class: "num", text: k }),
-        h("td", { class: "step text", text: step }), cellsFor(r, k).map(([, td]) => td))));
+        tex(h("td", { class: "step txt", text: step })), cellsFor(r, k).map(([, td]) => td))));
       t.append(tb);
-      parts.push(t, h("div", { class: "legend", text: "✓ correct, ✗ wrong, – no label, n/a: the labeller's status says the row has no labels; values coloured red (low) to green (high) over their scale; the outlined cell is the labeller's first error. LaTeX is shown as written." }));
+      parts.push(t, h("div", { class: "legend", text: "✓ correct, ✗ wrong, – no label, n/a: the labeller's status says the row has no labels; values coloured red (low) to green (high) over their scale; the outlined cell is the labeller's first error. " +
+        (D.typeset ? "LaTeX typeset by the KaTeX inlined in this file." : "LaTeX is shown as written (stepkit report --typeset typesets it with the machine's KaTeX).") }));
+      if (D.typeset) parts.push(h("label", {}, h("input", { type: "checkbox", id: "typeset", checked: typeset ? "" : null,
+        on: { change: (e) => { typeset = e.target.checked; showRow(r); } } }), " typeset LaTeX"));
     }
     const tree = r.nodes && D.trees[r.pid];
     if (tree) parts.push(drawTree(tree, new Set(r.nodes.filter(Boolean))));
@@ -312,6 +328,7 @@
     const kids = new Map(), byId = new Map(nodes.map((n) => [n[0], n]));
     for (const n of nodes) if (n[1] !== null && byId.has(n[1])) (kids.get(n[1]) || kids.set(n[1], []).get(n[1])).push(n);
     const roots = nodes.filter((n) => n[1] === null || !byId.has(n[1]));
+    if (path.size) roots.forEach((n) => path.add(n[0]));  // (every path starts at the problem)
     const pos = new Map();
     let leaf = 0, maxLevel = 0;
     const place = (n, level) => {  // depth-first: leaves one row apart, a parent beside its first child
@@ -321,7 +338,7 @@
       else { ch.forEach((c) => place(c, level + 1)); pos.set(n[0], [level, pos.get(ch[0][0])[1]]); }
     };
     roots.forEach((n) => place(n, 0));
-    const X = (l) => 12 + l * 150, Y = (i) => 16 + i * 24;
+    const X = (l) => 12 + l * 150, Y = (i) => 24 + i * 28;
     const svg = s("svg", { width: X(maxLevel) + 160, height: Y(leaf) + 4, role: "img", id: "tree" });
     for (const n of nodes) if (n[1] !== null && byId.has(n[1])) {
       const [a, b] = [pos.get(n[1]), pos.get(n[0])];
@@ -335,7 +352,7 @@
         "\nvalue own " + fmt(n[7]) + ", subtree " + fmt(n[8]) + "; visits " + n[4] + ", rollouts " + n[5] + ", successes " + n[6] }));
       g.append(s("circle", { cx: X(l), cy: Y(i), r: 6, fill: v === null ? "#ccc" : hue(v, ["unit", 0, 1]),
         stroke: path.has(n[0]) ? "#1b4fa8" : "#666", "stroke-width": path.has(n[0]) ? 3 : 1 }));
-      g.append(s("text", { x: X(l) + 9, y: Y(i) + 4, text: n[0] + " v=" + fmt(n[7], 2) + " n=" + n[5] }));
+      g.append(s("text", { x: X(l) + 7, y: Y(i) - 7, text: n[0] + " v=" + fmt(n[7], 2) + " n=" + n[5] }));
       svg.append(g);
     }
     return h("div", { class: "tree" }, h("h3", { text: "tree search (mcts-label --tree-out): " + nodes.length + " nodes" }),

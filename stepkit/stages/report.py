@@ -9,11 +9,14 @@ repository's files alike. Its Content-Security-Policy (``default-src 'none'``) f
   The figures cover every row of IN, whatever the page carries.
 * **Rows**: a table searchable by id and text, filterable by outcome, status (each labeller's status
   column, and row errors), labeller disagreement (first error of labeller A ≠ or = that of labeller B,
-  the human ``reference_first_error`` among them) and filter reason (``filter --flag-only`` / ``--dropped``
+  the human ``reference_first_error`` among them; or: some labellers' first errors differ / all agree) and
+  filter reason (``filter --flag-only`` / ``--dropped``
   rows), paged.
 * **A row**: each step with every labeller's label and value beside it (colour and the number, readable
   without colour: ✓/✗, the value, and a mark on each labeller's first error), the human label where the
-  row has one; LaTeX is shown as written (never typeset: no renderer is fetched). A conversation row
+  row has one; LaTeX is shown as written, or typeset with ``--typeset`` by the machine's KaTeX (Debian's
+  ``libjs-katex``) inlined into the page with its fonts (a checkbox shows the text as written again); no
+  renderer is ever fetched. A conversation row
   (``ingest messages``) is drawn message by message: roles, tool calls with their arguments, tool results
   clipped (the whole text a click away); an ``mcts-label`` row with its problem's ``--tree-out`` nodes gets
   the tree drawn, the row's path marked.
@@ -46,10 +49,8 @@ from stepkit.errors import ConfigError
 from stepkit.options import Config, opt
 
 ASSETS = Path(__file__).resolve().parents[1] / "assets"
-NODE_COLUMN = "mcts_node_id"  # mcts-label's per-step node ids: where a row's path lies in its --tree-out tree
+NODE_COLUMN = "mcts_node_id"  # (report_data.NODE_COLUMN, kept here so that --help imports no numpy)
 CLIP = 4000  # characters of a message or tool result the page carries (its length is noted beyond that)
-ROW_COLUMNS = ("id", "problem_id", "prompt", "steps", "outcome_correct", "final_answer", "reference_answer",
-               "generator", "error", "filter_reason", "filter_rule", "prompt_messages", "step_messages", NODE_COLUMN)
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,8 @@ class ReportConfig(Config):
                                 "shards' manifests are found without it).", metavar="PATH")
     title: str | None = opt(None, "The page's title (default: the first IN's name).")
     page_size: int = opt(50, "Rows per page of the table.", min=5, max=1000)
+    typeset: bool = opt(False, "Typeset LaTeX with the machine's KaTeX (Debian's libjs-katex, or the folder in "
+                        "STEPKIT_KATEX), inlined into the page (about 0.7 MB): never fetched.")
 
     def __post_init__(self):
         super().__post_init__()
@@ -161,7 +164,7 @@ def build(inputs: list[str | os.PathLike], cfg: ReportConfig) -> dict[str, Any]:
         index = list(range(n))
     else:
         index = sorted(random.Random(cfg.seed).sample(range(n), cfg.sample))
-    cols = [c for c in dict.fromkeys([*ROW_COLUMNS, *(c for lab in labs for c in (*lab.labels, *lab.values)),
+    cols = [c for c in dict.fromkeys([*report_data.ROW_COLUMNS, *(c for lab in labs for c in (*lab.labels, *lab.values)),
                                       *(lab.status for lab in labs if lab.status)]) if c in table.column_names]
     carried = table.select(cols).take(pa.array(index, pa.int64())).to_pylist() if index else []
     rows = [row_doc(r, i, labs, fes) for r, i in zip(carried, index)]
@@ -180,7 +183,7 @@ def build(inputs: list[str | os.PathLike], cfg: ReportConfig) -> dict[str, Any]:
         "outcomes": _outcomes(table), "errors": errors, "filter_reasons": reasons,
         "labellers": [lab.doc() for lab in labs],
         "summary": {lab.key: report_data.summary(table, lab, fes[lab.key]) for lab in labs},
-        "rows": rows, "trees": trees,
+        "rows": rows, "trees": trees, "typeset": cfg.typeset,
     }
 
 
@@ -192,16 +195,53 @@ def _outcomes(table: pa.Table) -> dict[str, int]:
             "ungraded": sum(v is None for v in vals)}
 
 
+KATEX = Path("/usr/share/javascript/katex")  # Debian's libjs-katex (its fonts: fonts-katex, linked from fonts/)
+
+
+def katex_assets() -> tuple[str, str]:
+    """``(script, style)`` of the machine's KaTeX (``$STEPKIT_KATEX`` or Debian's libjs-katex): ``katex.min.js``
+    with its auto-render extension, and ``katex.min.css`` with its woff2 fonts as ``data:`` URLs (the woff
+    and ttf fallbacks left out), so the page still loads nothing.
+
+    Raises:
+        ConfigError: KaTeX is not there (one line saying how to install it).
+    """
+    import base64
+
+    folder = Path(os.environ.get("STEPKIT_KATEX") or KATEX)
+    files = [folder / "katex.min.js", folder / "contrib" / "auto-render.js", folder / "katex.min.css"]
+    missing = [f for f in files if not f.is_file()]
+    if missing:
+        raise ConfigError(f"--typeset: {missing[0]} not found (apt-get install libjs-katex, or set STEPKIT_KATEX "
+                          "to a KaTeX folder)")
+    js = files[0].read_text() + "\n" + files[1].read_text()
+    css = re.sub(r",\s*url\(fonts/[\w-]+\.(?:woff|ttf)\)\s*format\([\'\"](?:woff|truetype)[\'\"]\)", "", files[2].read_text())
+    if re.search(r"url\(fonts/[\w-]+\.(?:woff|ttf)\)", css):
+        raise ConfigError(f"--typeset: {files[2]}: its fonts are not listed as stepkit reads them (woff2 first)")
+
+    def font(m):
+        data = (folder / "fonts" / f"{m.group(1)}.woff2").read_bytes()
+        return f"url(data:font/woff2;base64,{base64.b64encode(data).decode()})"
+
+    return js, re.sub(r"url\(fonts/([\w-]+)\.woff2\)", font, css)
+
+
 def render(doc: dict[str, Any]) -> str:
-    """The HTML page of ``build``'s data: the template with the style, the data and the script inline."""
+    """The HTML page of ``build``'s data: the template with the style, the data and the script inline (and
+    KaTeX, when ``doc["typeset"]``)."""
     page = (ASSETS / "report.html").read_text()
     css = (ASSETS / "report.css").read_text()
     js = (ASSETS / "report.js").read_text()
     for name, text in (("report.css", css), ("report.js", js)):
         if "</" in text:  # (an asset that could close its own element)
             raise AssertionError(f"{name} holds '</'")
-    parts = {"TITLE": html.escape(f"{doc['title']} · stepkit report"), "CSS": css, "DATA": script_json(doc), "JS": js}
-    return re.sub(r"\{\{(TITLE|CSS|DATA|JS)\}\}", lambda m: parts[m.group(1)], page)  # one pass: data is never rescanned
+    katex_js, katex_css = katex_assets() if doc.get("typeset") else ("", "")
+    if re.search(r"</(script|style)", katex_js + katex_css, re.IGNORECASE):
+        raise ConfigError("--typeset: this KaTeX's files would close the page's script or style element")
+    parts = {"TITLE": html.escape(f"{doc['title']} · stepkit report"), "CSS": css + katex_css, "DATA": script_json(doc),
+             "JS": js, "KATEX": f"<script>\n{katex_js}\n</script>" if katex_js else ""}
+    # one pass: the data is never rescanned for placeholders
+    return re.sub(r"\{\{(TITLE|CSS|DATA|JS|KATEX)\}\}", lambda m: parts[m.group(1)], page)
 
 
 def write_report(inputs: list[str | os.PathLike], cfg: ReportConfig) -> dict[str, Any]:
@@ -215,6 +255,8 @@ def write_report(inputs: list[str | os.PathLike], cfg: ReportConfig) -> dict[str
     from stepkit.errors import StepkitError
 
     t0 = time.perf_counter()
+    if cfg.typeset:
+        katex_assets()  # (missing KaTeX is one line before any row is read)
     doc = build(inputs, cfg)
     text = render(doc)
     out = Path(cfg.out)

@@ -40,6 +40,12 @@ from stepkit.shards import list_shards, open_parquet, read_manifest
 
 MAX_POSITIONS = 40  # value-by-position figures stop at this step position
 HUMAN = {c.name for c in REFERENCE_COLUMNS}
+NODE_COLUMN = "mcts_node_id"  # mcts-label's per-step node ids: where a row's path lies in its --tree-out tree
+ROW_COLUMNS = ("id", "problem_id", "prompt", "steps", "outcome_correct", "final_answer", "reference_answer",
+               "generator", "error", "filter_reason", "filter_rule", "prompt_messages", "step_messages", NODE_COLUMN)
+"""The columns the page shows besides the labellers' (the core trajectory columns, filter's reason, a
+conversation's messages, mcts-label's node ids); only these and the declared label, value, first-error and
+status columns are read."""
 
 
 @dataclass
@@ -81,9 +87,11 @@ def load(paths: list[str | os.PathLike]) -> Source:
             continue
         for shard in list_shards(p):
             pf = open_parquet(shard)
-            read_meanings(pf.schema_arrow, shard)  # bad metadata is one line naming the file
+            meanings = read_meanings(pf.schema_arrow, shard)  # bad metadata is one line naming the file
+            roles = {n for n, c in meanings.columns.items() if c.role in ("label", "value", "first_error", "status")}
+            columns = [n for n in pf.schema_arrow.names if n in ROW_COLUMNS or n in roles]
             try:
-                tables.append(pf.read())
+                tables.append(pf.read(columns=columns))
             except (pa.ArrowException, OSError) as e:
                 raise InputError(shard, f"cannot read its rows ({str(e).splitlines()[0][:160]})") from None
             inputs.append({"path": shard.name, "rows": pf.metadata.num_rows, "kind": "shard"})
@@ -316,7 +324,7 @@ def summary(table: pa.Table, lab: Labeller, fe: list[int | None]) -> dict[str, A
 def read_trees(paths: list[Path], problems: set[str], max_nodes: int = 400) -> dict[str, list]:
     """The ``--tree-out`` nodes of ``problems`` (``mcts_label.NODE_SCHEMA``): per problem, up to ``max_nodes``
     nodes as ``[node, parent, depth, step, visits, rollouts, successes, value_own, value_subtree]`` (node
-    ids without the problem prefix; the step clipped to 400 characters).
+    ids without the problem prefix; the step clipped to 400 characters; a node in two files once).
 
     Raises:
         InputError: a file without the node columns.
@@ -324,6 +332,7 @@ def read_trees(paths: list[Path], problems: set[str], max_nodes: int = 400) -> d
     need = ["problem_id", "node_id", "parent_id", "depth", "step", "visits", "rollouts", "successes",
             "value_own", "value_subtree"]
     out: dict[str, list] = {}
+    seen: set[tuple[str, str]] = set()  # (a node in two files is drawn once, from the first)
     for p in paths:
         pf = open_parquet(p)
         missing = [c for c in need if c not in pf.schema_arrow.names]
@@ -333,8 +342,9 @@ def read_trees(paths: list[Path], problems: set[str], max_nodes: int = 400) -> d
         t = t.filter(pc.is_in(t.column("problem_id"), pa.array(sorted(problems), pa.string())))
         for r in t.to_pylist():
             nodes = out.setdefault(r["problem_id"], [])
-            if len(nodes) >= max_nodes:
+            if len(nodes) >= max_nodes or (r["problem_id"], r["node_id"]) in seen:
                 continue
+            seen.add((r["problem_id"], r["node_id"]))
             short = lambda x: None if x is None else x.rsplit("/", 1)[-1]  # noqa: E731
             step = r["step"] if r["step"] is None or len(r["step"]) <= 400 else r["step"][:400] + "…"
             nodes.append([short(r["node_id"]), short(r["parent_id"]), r["depth"], step, r["visits"], r["rollouts"],
