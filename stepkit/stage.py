@@ -150,6 +150,11 @@ class Stage:
         prints each once, after the summary, as ``warning: ...``); default none."""
         return []
 
+    def loading(self) -> str | None:
+        """What :meth:`open` loads, for the spinner shown meanwhile (``"the vllm engine (smollm2-135m)"``);
+        None: nothing worth a spinner."""
+        return None
+
 
 class EngineStage(Stage):
     """A stage that samples with an engine and (when ``grades_answers``) grades answers with the answer
@@ -190,6 +195,10 @@ class EngineStage(Stage):
         for x in (self.checker, self.engine):
             if x is not None:
                 x.close()
+
+    def loading(self) -> str | None:
+        spec = self.engine_spec  # None: a stage run with no model (clue recover --from-reference)
+        return f"the {spec.name} engine ({spec.model})" if spec is not None else None
 
     def provenance(self) -> dict[str, Any]:
         return {"engine": self.engine.describe() if self.engine else None}

@@ -183,7 +183,7 @@ def test_side_output_is_committed_with_the_parts_and_survives_a_kill(solutions, 
     assert side == pq.read_table(ref_steps).to_pylist()  # complete, in order, no duplicates
     assert len({(r["id"], r["step_index"]) for r in side}) == n_steps
     side_manifest = json.loads(steps.with_name("steps.manifest.json").read_text())
-    assert side_manifest["side_output_of"] == str(out)
+    assert side_manifest["side_output_of"] == str(out.resolve())
     assert not parts.exists()
 
     assert "up to date" in toy(solutions, out, "--steps-out", steps, "--chunk-size", "1").stderr

@@ -300,3 +300,52 @@ def test_clue_shards_that_are_not_clue_shards_are_one_line(tmp_path, checker):
     p = run_cli("clue", "score", sols, tmp_path / "o.parquet", "--clues", probs, check=False)
     assert p.returncode == 1 and "column 'clue_texts': missing column" in p.stderr
     assert p.stderr.count("\n") == 1
+
+
+def test_cli_math_rows_without_a_gold_answer_or_with_a_digitless_one(tmp_path):
+    """Real ProcessBench math rows (issue 23): math-499's problem has no gold answer (a status, no_answer,
+    never a row error against --max-error-rate: 412 of 1000 math rows are so), math-502's gold answer is
+    ``\\pi``: `clue score` takes `clue recover --from-reference`'s own answer clue, and the row, whose final
+    answer is ``\\pi``, reaches it (no first error, as its human label)."""
+    from stepkit.errors import InputError
+    from stepkit.stages.clue import check_clue_rows
+
+    row = {"problem_id": "p", "clue_texts": ["a", "The answer is (E)"], "clue_values": ["2", "\\text{(E)}"],
+           "clue_depends": [[], [0]], "clue_status": "ok", "error": None}
+    check_clue_rows([row], "c.parquet", 0)  # the answer clue as written (math-324's gold answer)
+    with pytest.raises(InputError, match="clue 0: .* not a number written as text"):
+        check_clue_rows([{**row, "clue_values": ["\\text{(E)}", "2"]}], "c.parquet", 0)
+    pb, clues, out = tmp_path / "pb.parquet", tmp_path / "clues.parquet", tmp_path / "scored.parquet"
+    run("ingest", "processbench", DATA / "processbench" / "math.json", pb, "--skip", 499, "--limit", 4)
+    run("clue", "recover", pb, clues, "--from-reference", "--no-progress")
+    by_status = {r["reference_answer"]: r for r in pq.read_table(clues).to_pylist()}
+    assert by_status[None]["clue_status"] == "no_answer" and by_status[None]["error"] is None
+    assert by_status["\\pi"]["clue_status"] == "ok" and by_status["\\pi"]["clue_values"][-1] == "\\pi"
+    run("clue", "score", pb, out, "--clues", clues, "--no-progress")
+    rows = {r["id"]: r for r in pq.read_table(out).to_pylist()}
+    assert rows["math-499"]["clue_status"] == "no_answer" and rows["math-499"]["clue_first_error"] is None
+    assert rows["math-499"]["error"] is None
+    assert rows["math-502"]["clue_status"] == "ok" and rows["math-502"]["clue_first_error"] == -1
+
+
+def test_math500_reference_solutions_are_clue_sources(tmp_path):
+    """A ProcessBench math row whose problem is in MATH-500 gets its LaTeX solution as reference_solution;
+    `clue recover --from-reference` takes the solution's intermediate results as clues, the answer last
+    (issue 23). math-1: the MATH-500 solution establishes 92/585 on the way to 1 \\pm \\sqrt{19}."""
+    from stepkit.grading.claims import solution_clues
+
+    with open(DATA / "math500" / "test.jsonl") as f:
+        m500 = [json.loads(line) for line, _ in zip(f, range(4))]
+    assert [c.value for c in solution_clues(m500[0]["solution"], m500[0]["answer"])] == [
+        "3", "\\left( 3, \\frac{\\pi}{2} \\right)"]  # r = \sqrt{0^2 + 3^2} = 3, then the answer
+    assert [c.value for c in solution_clues(m500[3]["solution"], m500[3]["answer"])][-1] == "9"
+    pb, clues, out = tmp_path / "pb.parquet", tmp_path / "clues.parquet", tmp_path / "scored.parquet"
+    run("ingest", "processbench", DATA / "processbench" / "math.json", pb, "--skip", 1, "--limit", 1)
+    (row,) = pq.read_table(pb).to_pylist()
+    assert row["reference_solution"].startswith("Multiplying out each numerator")
+    run("clue", "recover", pb, clues, "--from-reference", "--no-progress")
+    (c,) = pq.read_table(clues).to_pylist()
+    assert c["clue_status"] == "ok" and c["clue_values"][0] == "92/585" and c["clue_values"][-1] == "1 \\pm \\sqrt{19}"
+    run("clue", "score", pb, out, "--clues", clues, "--no-progress")
+    (s,) = pq.read_table(out).to_pylist()
+    assert s["clue_status"] == "ok" and 0 in s["clue_hits"][0]  # the solution's first step states 92/585

@@ -112,12 +112,14 @@ def test_hard_and_soft_never_one_dataset(tmp_path):
 def test_math_shepherd_processbench_and_first_error_labels(tmp_path):
     rows = labelled(2)
     inp = write(tmp_path / "in.parquet", rows)
-    export(inp, tmp_path / "ms", ExportConfig(format="math-shepherd", labels="mc_first_error"))
+    export(inp, tmp_path / "ms", ExportConfig(format="math-shepherd", labels="mc_first_error",
+                                              separator_in_step="rejoin"))
     ms = load(tmp_path / "ms")
     r0, k = rows[0], rows[0]["reference_first_error"]
-    assert ms[0]["input"] == r0["prompt"] + " " + "\n".join(s + " ки" for s in r0["steps"])
+    steps = [" ".join(x.strip() for x in s.split("\n")) for s in r0["steps"]]  # rejoined: one line per step
+    assert ms[0]["input"] == r0["prompt"] + " " + "\n".join(f"Step {i + 1}: {s} ки" for i, s in enumerate(steps))
     assert ms[0]["label"] == r0["prompt"] + " " + "\n".join(
-        s + (" +" if i < k else " -") for i, s in enumerate(r0["steps"]))
+        f"Step {i + 1}: {s}" + (" +" if i < k else " -") for i, s in enumerate(steps))
     assert ms[0]["task"] == "GSM8K"  # from source processbench/gsm8k/...
     export(inp, tmp_path / "pb", ExportConfig(format="processbench", labels="mc_label"))
     pb = load(tmp_path / "pb")
@@ -138,7 +140,8 @@ def test_pairs_from_an_mcts_pairs_shard(tmp_path):
         ExportConfig(format="pairs", labels="x")
     export(inp, tmp_path / "dpo", ExportConfig(format="pairs"))
     d = load(tmp_path / "dpo")[0]
-    assert d["prompt"] == "Q?\n" + steps[0] and d["chosen"] == "\n".join(steps[1:3])
+    # the shard states no separator: the format's \n, after the prompt and every prefix step too
+    assert d["prompt"] == "Q?\n" + steps[0] + "\n" and d["chosen"] == "\n".join(steps[1:3])
     assert d["rejected"] == "A wrong step." and d["chosen_value"] == 0.75
 
 

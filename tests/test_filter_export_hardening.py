@@ -97,12 +97,17 @@ def test_export_refuses_wrong_types_and_bad_rows_in_one_line(tmp_path):
     with pytest.raises(InputError, match="row 1, column 'id': duplicate id"):
         export(write(tmp_path / "d.parquet", dup), tmp_path / "o", ExportConfig(labels="mc_label"))
     tagged = [{**rows[0], "prompt": rows[0]["prompt"] + " ки"}]
-    with pytest.raises(InputError, match="column 'prompt': holds Math-Shepherd's step tag"):
+    with pytest.raises(InputError, match="column 'prompt': holds 'ки': Math-Shepherd's step tag"):
         export(write(tmp_path / "t.parquet", tagged), tmp_path / "o", ExportConfig(format="math-shepherd",
                                                                                  labels="mc_label"))
+    # TRL's converter reads every "ки" as a tag, inside a word too ("кино"): refused, naming the step
     russian = [{**rows[0], "steps": ["Покупки стоят 5 рублей, кино 3."] + rows[0]["steps"][1:]}]
-    export(write(tmp_path / "r.parquet", russian), tmp_path / "ru", ExportConfig(format="math-shepherd",
-                                                                               labels="mc_label"))
+    with pytest.raises(InputError, match=r"column 'steps': holds 'ки' \(step 0\)"):
+        export(write(tmp_path / "r.parquet", russian), tmp_path / "ru", ExportConfig(format="math-shepherd",
+                                                                                   labels="mc_label"))
+    export(write(tmp_path / "r2.parquet", [{**rows[0], "steps": ["Билет стоит 5 рублей, фильм 3."]
+                                            + rows[0]["steps"][1:]}]), tmp_path / "ru", ExportConfig(
+        format="math-shepherd", labels="mc_label", separator_in_step="rejoin"))  # Cyrillic without the tag
     pairs = pa.schema([pa.field("chosen", pa.string()) if f.name == "chosen" else f for f in PAIR_SCHEMA])
     pq.write_table(pa.Table.from_pylist([{"prompt": "Q", "prefix_steps": [], "chosen": "one step",
                                           "rejected": ["x"]}], schema=pairs), tmp_path / "p.parquet")

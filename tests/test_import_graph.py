@@ -1,6 +1,7 @@
 """The shape of the code (docs/architecture.md, "Layers"): every ``import`` of a stepkit module inside
 ``stepkit/`` (at module level or inside a function: a late import is still a dependency) goes to a module of
-the same layer or one below, and the modules' import graph has no circle. No file is longer than 600 lines."""
+the same layer or one below, and the modules' import graph has no circle (imports under ``if TYPE_CHECKING:``
+are annotations, not dependencies). No file is longer than 600 lines."""
 
 from __future__ import annotations
 
@@ -40,6 +41,19 @@ def layer_of(name: str) -> int:
     return layer
 
 
+def _runtime_nodes(tree: ast.AST):
+    """Every node of ``tree`` but those under ``if TYPE_CHECKING:`` (annotations only, never imported)."""
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        yield node
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and ast.unparse(child.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING"):
+                stack.extend(child.orelse)
+                continue
+            stack.append(child)
+
+
 def import_graph() -> dict[str, set[str]]:
     """Module -> the stepkit modules it imports (``from a.b import c`` counts as ``a.b.c`` when that is a
     module, else ``a.b``)."""
@@ -53,7 +67,7 @@ def import_graph() -> dict[str, set[str]]:
     graph: dict[str, set[str]] = {}
     for name, path in modules.items():
         deps = set()
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in _runtime_nodes(ast.parse(path.read_text())):
             targets = []
             if isinstance(node, ast.Import):
                 targets = [a.name for a in node.names]

@@ -280,3 +280,36 @@ def test_ingest_messages_from_a_named_pipe_reads_it_once(tmp_path, tau, as_list)
     assert [row_messages(r) for r in pq.read_table(out).to_pylist()] == [c["traj"] for c in convs]
     m = json.loads(out.with_name("o.manifest.json").read_text())
     assert m["input"]["sha256"] == hashlib.sha256(data).hexdigest()
+
+
+@pytest.mark.parametrize("flag, key", [("--outcome-col", "rewards"), ("--gold-col", "info.task.action")])
+def test_a_key_that_no_record_has_is_a_typo(tmp_path, flag, key):
+    """Breaking run E1: a mistyped --outcome-col / --gold-col was accepted (every outcome null, every gold
+    action gone, exit 0). The defaults may name keys a file lacks (its rows are then ungraded)."""
+    src = DATA / "tau-bench" / "gpt-4o-airline.json"
+    p = run_cli("ingest", "messages", src, tmp_path / "o.parquet", "--limit", 5, flag, key, check=False)
+    assert p.returncode == 1 and p.stderr.count("\n") == 1, p.stderr
+    assert p.stderr.startswith(f"error: {src}: column '{key}': {flag} names no key of any record (keys: ")
+    assert "reward" in p.stderr and not (tmp_path / "o.parquet").exists()
+    convs = json.loads(src.read_text())[:3]
+    for c in convs:
+        del c["reward"], c["info"]
+    bare = tmp_path / "bare.json"
+    bare.write_text(json.dumps(convs))
+    run_cli("ingest", "messages", bare, tmp_path / "bare.parquet")  # no outcome, no gold: ungraded rows
+    rows = pq.read_table(tmp_path / "bare.parquet").to_pylist()
+    assert [r["outcome_correct"] for r in rows] == [None] * 3 and all(r["reference_actions"] is None for r in rows)
+
+
+def test_a_mistyped_id_key_is_named_and_a_tau_bench_file_is_recognised(tmp_path):
+    """Breaking run E18: a mistyped --id-col printed ``<object object at 0x...>``; E19: a τ-bench file given
+    to ``ingest gsm8k`` was said to look like ProcessBench input."""
+    p = run_cli("ingest", "messages", TAU, tmp_path / "x.parquet", "--limit", 2, "--id-col", "trial_id", check=False)
+    assert p.returncode == 1 and "object at 0x" not in p.stderr
+    assert p.stderr.strip() == (f"error: {TAU}: row 0, column 'trial_id': names no key of the record (keys: "
+                                "task_id, reward, info, traj, trial)")
+    p = run_cli("ingest", "gsm8k", TAU, tmp_path / "w.parquet", check=False)
+    assert p.returncode == 1 and "the file looks like messages input (stepkit ingest messages FILE OUT)" in p.stderr
+    pb = DATA / "processbench" / "gsm8k.json"
+    p = run_cli("ingest", "gsm8k", pb, tmp_path / "w.parquet", check=False)
+    assert "looks like processbench input" in p.stderr  # a JSON list of steps is still ProcessBench

@@ -65,7 +65,8 @@ def test_publish_then_download_and_load_with_the_declared_features(hub, labelled
     files = hub.files(REPO)
     data = sorted(f for f in files if f.startswith("data/"))
     assert len(data) >= 2 and all(f.startswith("data/train-") for f in data)
-    assert {"README.md", "images/value_by_step.png", "images/first_error_histogram.png"} <= set(files)
+    assert {"README.md", "images/value_by_step.png", "images/first_error_histogram.png", "report.html"} <= set(files)
+    assert files["report.html"] == (folder / "report.html").read_bytes()
     assert "stepkit.manifest.json" not in files  # local paths stay local
     assert hub.repo(REPO).private and len([c for c in hub.commits(REPO) if c.title.startswith("stepkit")]) == 1
     assert report["commit"] == hub.repo(REPO).head.oid
@@ -195,3 +196,20 @@ def test_pairs_card_counts_pairs_and_draws_their_margins(tmp_path):
     assert "| mean value margin (chosen - rejected) | 0.5 |" in report["card"]
     assert report["images"] == ["images/pair_margin_histogram.png"]
     assert "truncation" not in report["card"]
+
+
+def test_report_html_beside_the_card_linked_and_off_with_no_report(labelled, tmp_path):
+    from stepkit.stages.report import ReportConfig, build
+
+    folder = tmp_path / "export"
+    export(labelled, folder, ExportConfig(labels="mc_label"))
+    p = run_cli("publish", folder, "--dry-run")
+    assert "README.md, images/ and report.html written there" in p.stderr
+    page = (folder / "report.html").read_text()
+    assert "[`report.html`](report.html)" in (folder / "README.md").read_text()
+    data = json.loads(page.split('id="stepkit-data">', 1)[1].split("</script>", 1)[0])
+    assert data == {**build([str(folder)], ReportConfig()), "title": "export", "created": data["created"]}
+    assert [lab["title"] for lab in data["labellers"]] == ["export (trl): hard labels as written in `mc_label`"]
+    report = publish(folder, PublishConfig(dry_run=True, report=False))
+    assert report["report"] is False and not (folder / "report.html").exists()
+    assert "report.html" not in report["card"] and "report.html" not in (folder / "README.md").read_text()

@@ -304,3 +304,57 @@ def test_shards_with_bad_rows_fail_alone_on_ray(shards, reference, ray_cluster, 
     assert "shards: 2 done, 0 running, 2 failed, 0 waiting" in p.stderr
     assert rows_of(out) == {k: v for k, v in rows_of(reference).items() if k in ("s0.parquet", "s3.parquet")}
     assert not (out / "s1.parquet.parts").exists() and not (out / "s2.parquet.parts").exists()
+
+
+@pytest.mark.parametrize("deaths", [1, 99])
+def test_an_actor_killed_by_rays_memory_monitor_is_retried_then_one_line(deaths, shards, ray_cluster, tmp_path,
+                                                                          monkeypatch):
+    """Ray's memory monitor killing an actor surfaces as ``OutOfMemoryError``, which is no ``RayActorError``
+    (issue 25 item 3): it is retried like any actor death, and past ``--shard-retries`` the shard fails with
+    one line that says how its actor died. The driver's ``ray.get`` of a shard's result raises it here."""
+    import ray
+
+    from stepkit.runner.ray_executor import RayExecutor
+
+    real_get, seen = ray.get, []
+
+    def get(ref, *args, **kwargs):
+        if args or kwargs:  # the progress board's snapshot (with a timeout), not a shard's result
+            return real_get(ref, *args, **kwargs)
+        seen.append(ref)
+        if len(seen) <= deaths:
+            raise ray.exceptions.OutOfMemoryError("Task was killed due to the node running low on memory.")
+        return real_get(ref)
+
+    one = tmp_path / "one"
+    one.mkdir()
+    (one / "s1.parquet").write_bytes((shards / "s1.parquet").read_bytes())
+    monkeypatch.setattr(ray, "get", get)
+    (res,) = run_stage(ToyStage(ToyConfig(steps_out=str(tmp_path / "steps"))), one, tmp_path / "out",
+                       progress=False, executor=RayExecutor(max_retries=1))
+    if deaths == 1:  # retried on a new actor: the shard is finished (by the first actor before its result was lost)
+        assert res.status in ("done", "up to date") and pq.read_table(tmp_path / "out" / "s1.parquet").num_rows == 3
+    else:
+        assert res.status == "failed" and len(seen) == 2 and "\n" not in res.error
+        assert "its actor died 2 time(s), the last killed by Ray's memory monitor" in res.error
+        assert "OutOfMemoryError" in res.error and "run the same command again to resume" in res.error
+
+
+def test_an_address_where_no_cluster_answers_is_one_line_at_once(shards, tmp_path):
+    """Breaking run E11: an unreachable --ray-address (or RAY_ADDRESS with auto) hung with no message."""
+    from stepkit.errors import ConfigError
+    from stepkit.runner.ray_executor import check_reachable
+    from tests.servers import free_port
+
+    port = free_port()
+    with pytest.raises(ConfigError, match=rf"--ray-address 127.0.0.1:{port}: nothing answers at 127.0.0.1:{port} "
+                                          r"\(connection refused"):
+        check_reachable(f"127.0.0.1:{port}")
+    with pytest.raises(ConfigError, match=rf"--ray-address auto \(RAY_ADDRESS=ray://127.0.0.1:{port}\): nothing"):
+        check_reachable("auto", env={"RAY_ADDRESS": f"ray://127.0.0.1:{port}"})
+    check_reachable("auto", env={})  # Ray looks for a local cluster itself
+    with pytest.raises(ConfigError, match="expected host:port"):
+        check_reachable("my-cluster")
+    p = run("mc-label", shards, tmp_path / "o", *SCRIPTED, "--executor", "ray", "--ray-address", f"127.0.0.1:{port}",
+            check=False, timeout=60)
+    assert p.returncode == 1 and p.stderr.count("\n") == 1 and "nothing answers at" in p.stderr, p.stderr

@@ -4,9 +4,11 @@ deleted mid-run, symlink loops, the output lock, folders whose shards come from 
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
+import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -322,3 +324,71 @@ def test_a_shard_with_two_columns_of_one_name_is_one_line(tmp_path):
             f"error: {tmp_path / 'd.parquet'}: column 'reference_labels': the shard has two columns of this name; "
             "rename or drop one"), p.stderr
         assert not (tmp_path / "o.parquet").exists()
+
+
+class SlowToLoad(ToyStage):
+    """A toy stage whose open() takes 100 s of a clock the test moves (a model load, issue 25 item 7)."""
+
+    clock = [0.0]  # seconds added to time.time()
+
+    def loading(self):
+        return "a slow toy model"
+
+    def open(self):
+        self.clock[0] += 100.0
+
+
+def test_load_time_is_reported_apart_from_labelling_time(solutions, tmp_path, capsys, monkeypatch):
+    from rich.console import Console
+
+    real = time.time
+    monkeypatch.setattr(time, "time", lambda: real() + SlowToLoad.clock[0])
+    out = tmp_path / "o.parquet"
+    console = Console(file=io.StringIO(), force_terminal=True, width=120)
+    (res,) = run_stage(SlowToLoad(ToyConfig(steps_out=str(tmp_path / "s.parquet"))), solutions, out,
+                       progress=True, console=console)
+    assert res.load_seconds >= 100 > res.seconds  # the load is not labelling time
+    run = json.loads((tmp_path / "o.manifest.json").read_text())["run"]
+    assert run["load_seconds"] >= 100 > run["seconds_this_run"]
+    assert "toy-steps: loading a slow toy model" in console.file.getvalue()  # the spinner said what loads
+
+    from stepkit.cli.common import print_results
+
+    print_results([res], "toy")
+    err = capsys.readouterr().err
+    assert "seconds loading (this run)" in err and "seconds labelling (this run)" in err
+
+
+def test_a_finished_side_output_is_its_runs_however_the_paths_are_typed(solutions, tmp_path, monkeypatch):
+    """Breaking run E9: the same finished command with absolute paths, or from another folder, was refused
+    ("its steps output is not the one this run wrote"); it is up to date."""
+    (tmp_path / "sol.parquet").write_bytes(solutions.read_bytes())
+    monkeypatch.chdir(tmp_path)
+    (res,) = run_stage(ToyStage(ToyConfig(steps_out="s.parquet")), "sol.parquet", "o.parquet", progress=False)
+    assert res.status == "done"
+    (res,) = run_stage(ToyStage(ToyConfig(steps_out=str(tmp_path / "s.parquet"))), tmp_path / "sol.parquet",
+                       tmp_path / "o.parquet", progress=False)
+    assert res.status == "up to date"
+    (tmp_path / "sub").mkdir()
+    monkeypatch.chdir(tmp_path / "sub")
+    (res,) = run_stage(ToyStage(ToyConfig(steps_out="../s.parquet")), "../sol.parquet", "../o.parquet",
+                       progress=False)
+    assert res.status == "up to date"
+    (tmp_path / "o.parquet").unlink()  # OUT alone gone: its side output is still this command's to replace
+    (res,) = run_stage(ToyStage(ToyConfig(steps_out=str(tmp_path / "s.parquet"))), tmp_path / "sol.parquet",
+                       tmp_path / "o.parquet", progress=False)
+    assert res.status == "done"
+
+
+def test_a_file_side_output_for_a_folder_in_is_refused_like_out(solutions, tmp_path):
+    """Breaking run E20: ``--tree-out tree.parquet`` for a folder IN became a folder named tree.parquet."""
+    from stepkit.errors import ConfigError
+
+    folder = tmp_path / "in"
+    folder.mkdir()
+    (folder / "a.parquet").write_bytes(solutions.read_bytes())
+    with pytest.raises(ConfigError, match=r"s.parquet: IN .*in is a folder of shards, so the steps output must be a "
+                                          "folder too"):
+        run_stage(ToyStage(ToyConfig(steps_out=str(tmp_path / "s.parquet"))), folder, tmp_path / "out",
+                  progress=False)
+    assert not (tmp_path / "s.parquet").exists() and not (tmp_path / "out").exists()

@@ -31,12 +31,16 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "judge": ("stepkit.cli.judge", "LLM-as-judge step labels (ProcessBench critic prompt, majority vote)."),
     "likelihood-label": ("stepkit.cli.likelihood", "Step rewards from log-probabilities (answer gain, implicit PRM); no sampling."),
     "clue": ("stepkit.cli.clue", "Answer-backtracked clues (ABSeeker): recover per problem, score each step."),
+    "check-steps": ("stepkit.cli.check_steps", "Check each step's mathematics with sympy (no model): claims held, failed, not parsed."),
     "filter": ("stepkit.cli.filter", "Keep rows that pass rules (consensus, PROF, values, steps); cut steps."),
     "export": ("stepkit.cli.export", "Write labelled rows as a Hub-layout dataset (TRL, Math-Shepherd, ProcessBench, messages, DPO)."),
     "publish": ("stepkit.cli.publish", "Publish an export folder to the Hugging Face Hub: card, figures, one commit."),
+    "train-prm": ("stepkit.cli.train_prm", "Train a step-level PRM (token classification) from a stepwise-supervision dataset."),
+    "prm-label": ("stepkit.cli.prm_label", "Score every step with a trained PRM (token classification, Qwen PRM, Math-Shepherd)."),
     "eval": ("stepkit.cli.evaluate", "Score step labels: ProcessBench F1, agreement of two labelers."),
     "stats": ("stepkit.cli.stats", "Summary of a shard: rows, steps, outcomes, each stage's figures."),
     "show": ("stepkit.cli.show", "Show one trajectory: each step with every stage's labels."),
+    "report": ("stepkit.cli.report", "One self-contained HTML page over labelled shards or an export: summary, rows, steps."),
     "models": ("stepkit.cli.models", "Bundled models (real weights shipped in a package; no downloads)."),
 }
 

@@ -46,7 +46,7 @@ def recover(inp, out, **kw):
     reference_answer by --model, or with --from-reference from the reference solution's <<a=b>>
     annotations (no model), or with --from-actions from an agent task's gold tool calls (no model).
 
-    Writes clue_texts, clue_values, clue_depends, clue_status (ok, parse_failure, no_reference),
+    Writes clue_texts, clue_values, clue_depends, clue_status (ok, parse_failure, no_reference, no_answer),
     clue_parse_failures, clue_replies; a reply that does not parse is a parse failure, never an empty list.
     """
     from stepkit.prompts import load_template

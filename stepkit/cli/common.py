@@ -194,9 +194,12 @@ def print_results(results, title: str, shown=None, tokens_kind: str = "generated
             ("chunks resumed / total", lambda r: f"{r.resumed_chunks}/{r.chunks}"),
             (f"tokens {tokens_kind} (this run)", lambda r: r.tokens),
             ("tokens/s", lambda r: f"{r.tokens / r.seconds:.0f}" if r.seconds > 0 and r.tokens else "-"),
-            ("seconds (this run)", lambda r: f"{r.seconds:.1f}")]
+            ("seconds loading (this run)", lambda r: f"{r.load_seconds:.1f}"),
+            ("seconds labelling (this run)", lambda r: f"{r.seconds:.1f}")]
     if not any(r.tokens for r in results):  # a stage with no model (filter), or nothing left to do
         rows = [row for row in rows if not row[0].startswith("tokens")]
+    if not any(r.load_seconds for r in results):  # nothing was loaded (no model, or already open)
+        rows = [row for row in rows if row[0] != "seconds loading (this run)"]
     for k in sorted({k for r in results for k in r.counters if k != "errors" and (shown is None or shown(k))}):
         rows.append((k.replace("_", " "), lambda r, k=k: r.counters.get(k, "")))
     for name, fn in rows:  # a failed shard has its status only (its error line follows the table)

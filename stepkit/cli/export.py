@@ -41,12 +41,24 @@ def command(inp, out, force, **kw):
         click.echo(SOFT_WARNING, err=True)
     t = Table(title=f"export {cfg.format} -> {out}", show_header=False)
     t.add_row("labels", m["label_rule"])
+    sep = m.get("step_separator") or {}
+    if sep.get("value") is not None:
+        where = {"option": "--step-separator", "rows": "the rows' own", "format": "the format's"}[sep["from"]]
+        t.add_row("step separator", f"{sep['value']!r} ({where})")
+        if sep.get("rows_joined_otherwise"):
+            click.echo(f"note: {sep['rows_joined_otherwise']} row(s) whose own step separator differs are joined with "
+                       f"{sep['value']!r}", err=True)
     for s, info in m["splits"].items():
         t.add_row(f"split {s}", f"{info['rows']} rows in {len(info['files'])} file(s)")
     c = m["counts"]
     t.add_row("rows in / out", f"{c['rows_in']} / {c['rows_out']}")
     t.add_row("dropped: null labels", str(c["null_labels"]))
     t.add_row("left out: flagged by filter --flag-only", str(c.get("filtered", 0)))
+    if c.get("steps_rejoined"):
+        t.add_row("steps that held the separator, rejoined with a space", str(c["steps_rejoined"]))
+    if c.get("converter_drops_first_step"):
+        click.echo(f"warning: {c['converter_drops_first_step']} problem(s) open with words TRL's Math-Shepherd converter "
+                   "takes for an annotation error of the released rows: it drops their first label", err=True)
     if c.get("pairs_not_preferred"):
         t.add_row("pairs whose chosen value is not above the rejected", str(c["pairs_not_preferred"]))
     if cfg.format == "messages":

@@ -15,7 +15,8 @@ def command(folder, **kw):
     """Publish the export FOLDER (stepkit export) as a Hub dataset: card, figures, one commit.
 
     The card (README.md) is rendered from data_cards/prm-dataset.md with the features of the files and
-    the lineage of the manifests; datasets.load_dataset(FOLDER) is checked before anything is uploaded.
+    the lineage of the manifests; report.html (stepkit report over FOLDER) is added and linked from the
+    card (--no-report: not); datasets.load_dataset(FOLDER) is checked before anything is uploaded.
     Token: HF_TOKEN. Endpoint: --endpoint or HF_ENDPOINT. --dry-run uploads nothing.
     """
     from rich.table import Table
@@ -34,7 +35,8 @@ def command(folder, **kw):
     console.print(t)
     rows = ", ".join(f"{s}: {n} rows" for s, n in report["splits"].items())
     if cfg.dry_run:
-        console.print(f"dry run: {folder} loads with datasets ({rows}); README.md and images/ written there; "
+        console.print(f"dry run: {folder} loads with datasets ({rows}); README.md, images/"
+                      f"{' and report.html' if report['report'] else ''} written there; "
                       f"nothing uploaded" + (f" (would go to {cfg.repo_id})" if cfg.repo_id else ""))
     else:
         console.print(f"published {cfg.repo_id} ({rows}), commit {report['commit']}")

@@ -406,6 +406,12 @@ class Engine:
         cannot take. Batched like generation."""
         raise NotImplementedError(f"the {self.name} engine cannot score text")
 
+    def classify_tokens(self, token_ids: list[list[int]]) -> list[list[list[float]] | str]:
+        """The class logits of every token of each text (a token-classification or reward model; the vllm
+        engine's pooling runner, :mod:`stepkit.engines.vllm_pooling`): ``result[i][position][class]``, or an
+        error message for a text the engine cannot take. ``token_ids`` come from :meth:`tokenize_offsets`."""
+        raise NotImplementedError(f"the {self.name} engine cannot classify tokens")
+
     def render_chat(self, messages: list[dict[str, str]]) -> str:
         """Apply the model's chat template to ``messages`` with the generation prompt appended.
 

@@ -225,10 +225,13 @@ class ScriptedEngine(Engine):
     uses_seed = False
 
     def __init__(self, policy: Policy = echo_policy, model: str = "scripted:echo", delay: float = 0.0,
-                 scorer: Scorer = echo_scorer, tokenizer: Tokenizer = scripted_tokens, max_len: int | None = None):
+                 scorer: Scorer = echo_scorer, tokenizer: Tokenizer = scripted_tokens, max_len: int | None = None,
+                 classifier: Callable[[list[str]], list[list[float]]] | None = None):
         super().__init__()
         self.policy, self.model, self.delay = policy, model, delay
         self.scorer, self.tokenizer, self.max_len = scorer, tokenizer, max_len
+        self.classifier = classifier  # classify_tokens: token texts -> per token class logits
+        self._texts: dict[int, str] = {}  # token id -> its text (ids are hashes of the text)
         self.calls: list[Request] = []
         self.scored: list[str] = []  # every text scored, in order
 
@@ -258,7 +261,23 @@ class ScriptedEngine(Engine):
         import zlib
 
         offsets = self.tokenizer(text)
-        return [zlib.crc32(text[a:b].encode()) for a, b in offsets], offsets
+        ids = [zlib.crc32(text[a:b].encode()) for a, b in offsets]
+        self._texts.update((i, text[a:b]) for i, (a, b) in zip(ids, offsets))
+        return ids, offsets
+
+    def classify_tokens(self, token_ids: list[list[int]]) -> list[list[list[float]] | str]:
+        """``self.classifier(token texts)`` for each text (the texts of ids :meth:`tokenize_offsets` made)."""
+        if self.classifier is None:
+            raise NotImplementedError("this scripted engine has no classifier")
+        out: list[list[list[float]] | str] = []
+        for ids in token_ids:
+            self.scored.append("".join(self._texts[i] for i in ids))
+            if self.max_len is not None and len(ids) > self.max_len:
+                out.append(f"prompt too long: {len(ids)} tokens, max_model_len {self.max_len}")
+                continue
+            out.append(self.classifier([self._texts[i] for i in ids]))
+            self.stats.scored_tokens += len(ids)
+        return out
 
     def _prompt_logprobs(self, texts: list[str], token_ids: list[list[int]],
                          needed_from: list[int]) -> list[list[float | None] | str]:

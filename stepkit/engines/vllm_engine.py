@@ -140,6 +140,7 @@ class VLLMEngine(Engine):
     """
 
     name = "vllm"
+    llm_kwargs: dict[str, Any] = {}  # more vllm.LLM arguments of a subclass (vllm_pooling: runner="pooling")
 
     @dataclass(frozen=True)
     class Options(Config):
@@ -217,7 +218,7 @@ class VLLMEngine(Engine):
         capture = ChildOutput() if not load_verbose() else contextlib.nullcontext()
         try:
             with capture:
-                self._llm = vllm.LLM(**kwargs)
+                self._llm = vllm.LLM(**kwargs, **self.llm_kwargs)
         except Exception as exc:  # noqa: BLE001 - any load failure is a configuration problem
             cause = root_cause(capture.text) if isinstance(capture, ChildOutput) else None
             raise ConfigError(f"vllm cannot load model {model} ({self.model_path}): {cause or first_line(exc)}"

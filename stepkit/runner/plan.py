@@ -68,7 +68,8 @@ class ShardResult:
     errors: int = 0
     chunks: int = 0
     resumed_chunks: int = 0
-    seconds: float = 0.0
+    seconds: float = 0.0  # labelling: from the first chunk to the last commit (the model load apart)
+    load_seconds: float = 0.0  # opening the stage (loading its model) for this shard; 0 when already open
     tokens: int = 0
     counters: dict[str, int] = field(default_factory=dict)
     error: str | None = None
@@ -136,12 +137,16 @@ def prepare_run(stage: Stage, in_path: str | os.PathLike, out_path: str | os.Pat
 
     Raises:
         InputError: IN has no shards or cannot be read; a side input is bad.
-        ConfigError: OUT is IN, or a folder IN has a file OUT.
+        ConfigError: OUT is IN, or a folder IN has a file OUT (or a file side output).
     """
     in_path, out_path = Path(in_path), Path(out_path)
     chunk_size = opts.chunk_size or stage.default_chunk_size
     if in_path.is_dir() and out_path.suffix == ".parquet":
         raise ConfigError(f"{out_path}: IN {in_path} is a folder of shards, so OUT must be a folder too")
+    for name, side in stage.side_outputs().items():  # (breaking run E20: it became a folder named *.parquet)
+        if in_path.is_dir() and Path(side.path).suffix == ".parquet":
+            raise ConfigError(f"{side.path}: IN {in_path} is a folder of shards, so the {name} output must be "
+                              "a folder too")
     if resolve_path(out_path) == resolve_path(in_path):
         raise ConfigError(f"{out_path}: OUT is the same as IN; write the output somewhere else")
     sides_in = {name: (side, _load_side_input(name, side)) for name, side in stage.side_inputs().items()}
@@ -217,6 +222,15 @@ def plan_shard(stage: Stage, setup: RunSetup, shard: Path, opts: RunOptions, rea
     return plan
 
 
+def _side_output_of(side_manifest: dict, out: Path) -> bool:
+    """Whether a side output's manifest says it belongs to ``out``: the path it records (absolute since
+    it is written resolved; a relative one, from older runs, is read against the working folder) is
+    ``out``'s, however either was typed (breaking run E9: the same command from another folder or with
+    absolute paths was refused as if the side output were another run's)."""
+    recorded = side_manifest.get("side_output_of")
+    return recorded is not None and resolve_path(recorded) == resolve_path(out)
+
+
 def _check_existing(plan: ShardPlan, force: bool) -> None:
     """Mark ``plan`` up to date, or refuse when its output or parts come from another configuration."""
     if force:
@@ -229,7 +243,7 @@ def _check_existing(plan: ShardPlan, force: bool) -> None:
         if done.get("identity", {}).get("config_hash") == ident["config_hash"]:
             for name, p in plan.side_outputs.items():
                 side = read_manifest(p) if p.exists() else None
-                if side is None or side.get("side_output_of") != str(out) or \
+                if side is None or not _side_output_of(side, out) or \
                         side.get("identity", {}).get("config_hash") != ident["config_hash"]:
                     raise ConfigError(f"{out}: is finished, but its {name} output {p} is "
                                       f"{'missing' if not p.exists() else 'not the one this run wrote'}; "
@@ -242,7 +256,7 @@ def _check_existing(plan: ShardPlan, force: bool) -> None:
                           f"({_describe_change(old, ident)}); use --force to redo it")
     for name, p in plan.side_outputs.items():  # a side output never replaces a file it did not write
         side = read_manifest(p) if p.exists() else None
-        if p.exists() and (side is None or side.get("side_output_of") != str(out)):
+        if p.exists() and (side is None or not _side_output_of(side, out)):
             raise ConfigError(f"{p}: exists and is not the {name} output of {out}; use --force to replace it, "
                               "or give the side output another path")
     run_file = _parts_dir(out) / "run.json"

@@ -37,6 +37,7 @@ import dataclasses
 import logging
 import math
 import os
+import socket
 import sys
 import time
 from collections import deque
@@ -267,6 +268,8 @@ class RayExecutor(Executor):
         verbose = os.environ.get("VLLM_LOGGING_LEVEL", "ERROR").upper() in ("INFO", "DEBUG")
         kwargs = {"logging_level": logging.INFO if verbose else logging.ERROR, "configure_logging": True,
                   "log_to_driver": verbose}
+        if self.address is not None:
+            check_reachable(self.address)  # ray.init waits minutes for a cluster that is not there
         try:
             if self.address is None:
                 ray.init(address="local", include_dashboard=False, **kwargs)
@@ -342,7 +345,7 @@ class RayExecutor(Executor):
                         actor, plan = running.pop(ref)
                         try:
                             result = ray.get(ref)
-                        except ray.exceptions.RayActorError as e:  # its process or machine died
+                        except _actor_deaths(ray) as e:  # its process, its worker or its machine died
                             ray.kill(actor, no_restart=True)
                             retry = attempts[str(plan.output)] <= self.max_retries
                             if retry:  # to a new actor, resuming from the committed chunks
@@ -385,11 +388,69 @@ class RayExecutor(Executor):
                 ray.kill(board, no_restart=True)
 
     def _lost(self, plan: ShardPlan, e: BaseException) -> ShardResult:
-        """A ``failed`` result for a shard whose actor died more than ``max_retries`` times."""
+        """A ``failed`` result for a shard whose actor died more than ``max_retries`` times, saying how
+        the last one died (:func:`death_kind`)."""
         parts = plan.output.with_name(plan.output.name + ".parts")
-        why = (f"its actor died {self.max_retries + 1} time(s) ({type(e).__name__}: {_first_line(e)}); "
-               f"committed chunks are kept in {parts}: run the same command again to resume")
+        why = (f"its actor died {self.max_retries + 1} time(s), the last {death_kind(e)} ({type(e).__name__}: "
+               f"{_first_line(e)}); committed chunks are kept in {parts}: run the same command again to resume")
         return ShardResult(plan.input, plan.output, "failed", error=one_line(f"{plan.input}: {why}"))
+
+
+CONNECT_TIMEOUT = 5.0
+"""Seconds to wait for a TCP connection to the cluster's address before saying that nothing answers."""
+
+
+def check_reachable(address: str, env=None) -> None:
+    """Refuse, in one line and within :data:`CONNECT_TIMEOUT` seconds, a cluster address where nothing
+    answers (``ray.init`` would wait minutes on it, printing nothing). ``address`` is ``host:port``,
+    ``ray://host:port`` (Ray Client) or ``auto`` (then ``RAY_ADDRESS`` of ``env``, default the process's,
+    is checked when set; else Ray finds the cluster ``ray start`` made on this machine itself).
+
+    Raises:
+        ConfigError: the address is malformed, or nothing accepts a connection there.
+    """
+    shown = f"--ray-address {address}"
+    if address == "auto":
+        address = (os.environ if env is None else env).get("RAY_ADDRESS", "")
+        if not address or address == "auto":
+            return
+        shown += f" (RAY_ADDRESS={address})"
+    hostport = address.split("://", 1)[-1].rstrip("/")
+    host, sep, port = hostport.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ConfigError(f"{shown}: expected host:port, ray://host:port or auto")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_TIMEOUT):
+            pass
+    except OSError as e:
+        why = "timed out" if isinstance(e, TimeoutError) else (e.strerror or type(e).__name__).lower()
+        raise ConfigError(f"{shown}: nothing answers at {host}:{port} ({why} after at most {CONNECT_TIMEOUT:g} s); "
+                          f"start the cluster (`ray start --head`) or give its address") from None
+
+
+_DEATHS = (  # Ray's exception -> how the actor died; every kind is retried the same way
+    ("OutOfMemoryError", "killed by Ray's memory monitor (the machine ran low on memory)"),
+    ("NodeDiedError", "with its machine"),
+    ("LocalRayletDiedError", "with its machine's Ray process"),
+    ("WorkerCrashedError", "in a crash of its worker process"),
+    ("ObjectLostError", "with its result (lost with its machine)"),
+    ("ActorUnavailableError", "unreachable"),
+    ("RayActorError", "when its process exited"),
+)
+
+
+def _actor_deaths(ray) -> tuple[type[BaseException], ...]:
+    """The exception classes of every way Ray reports that an actor's call will not return: its process
+    killed or crashed (``RayActorError``, ``WorkerCrashedError``), killed by the memory monitor
+    (``OutOfMemoryError``, which is no ``RayActorError``), its machine lost (``NodeDiedError``,
+    ``LocalRayletDiedError``, ``ObjectLostError``). The names Ray does not have are skipped."""
+    return tuple(c for name, _ in _DEATHS if isinstance(c := getattr(ray.exceptions, name, None), type))
+
+
+def death_kind(e: BaseException) -> str:
+    """How an actor died, from Ray's exception (its class or a base class's name): a few words."""
+    names = {c.__name__ for c in type(e).__mro__}
+    return next((kind for name, kind in _DEATHS if name in names), "of an unknown cause")
 
 
 def _say(console, line: str) -> None:

@@ -36,6 +36,7 @@ from stepkit.schema import (
 from stepkit.shards import (
     manifest_path,
     read_manifest,
+    resolve_path,
     rows_to_table,
     write_json,
     write_table,
@@ -105,23 +106,40 @@ def run_shard(stage: Stage, plan: ShardPlan, opts: RunOptions, console=None,
         for path in sorted({plan.output, *plan.side_outputs.values()}):
             locks.enter_context(OutputLock(path))
         try:
-            if callable(open_stage):
-                open_stage()
-            elif open_stage:
-                stage.open()
-            return _explained_run_shard(stage, plan, opts, console, report or (lambda rows, tokens: None))
+            load_seconds = _open_with_status(stage, open_stage, opts.progress, console)
+            result = _explained_run_shard(stage, plan, opts, console, report or (lambda rows, tokens: None),
+                                          load_seconds)
+            result.load_seconds = load_seconds
+            return result
         except BaseException:  # the executor closes only a stage whose first shard returned: the one opened here
             if open_stage is True:  # is closed here, with the lock still held (the engine's processes go first);
                 stage.close()       # an executor's own opener (a callable) keeps the stage for its next shards
             raise
 
 
-def _explained_run_shard(stage: Stage, plan: ShardPlan, opts: RunOptions, console, report) -> ShardResult:
+def _open_with_status(stage: Stage, open_stage: bool | Callable[[], None], progress: bool, console) -> float:
+    """Open the stage as ``open_stage`` says, with a spinner naming what loads (``stage.loading()``) while
+    it does when ``progress`` is on; return the seconds it took (0.0 when nothing was opened)."""
+    if not open_stage:
+        return 0.0
+    t0 = time.time()
+    what = stage.loading()
+    with contextlib.ExitStack() as status:
+        if progress and what:
+            from stepkit.console import make_console
+
+            status.enter_context((console or make_console(stderr=True)).status(f"{stage.name}: loading {what}"))
+        open_stage() if callable(open_stage) else stage.open()
+    return time.time() - t0
+
+
+def _explained_run_shard(stage: Stage, plan: ShardPlan, opts: RunOptions, console, report,
+                         load_seconds: float = 0.0) -> ShardResult:
     """:func:`_run_shard`; bad input found mid-run leaves no empty parts folder, and Ctrl-C/SIGTERM become
     :class:`Interrupted` with the line saying what was kept."""
     parts = _parts_dir(plan.output)
     try:
-        return _run_shard(stage, plan, opts, console, report)
+        return _run_shard(stage, plan, opts, console, report, load_seconds)
     except InputError:  # bad input found mid-run (damaged pages of a column planning does not read)
         if not any(parts.glob("part-*.parquet")):  # nothing committed: leave no parts folder behind
             shutil.rmtree(parts, ignore_errors=True)
@@ -135,7 +153,8 @@ def _explained_run_shard(stage: Stage, plan: ShardPlan, opts: RunOptions, consol
                                   f"chunk(s) kept in {parts}: run the same command again to resume") from None
 
 
-def _run_shard(stage: Stage, plan: ShardPlan, opts: RunOptions, console, report) -> ShardResult:
+def _run_shard(stage: Stage, plan: ShardPlan, opts: RunOptions, console, report,
+               load_seconds: float = 0.0) -> ShardResult:
     shard, out, ident = plan.input, plan.output, plan.identity
     chunk_size, n_rows = ident["chunk_size"], plan.rows
     parts = _parts_dir(out)
@@ -226,7 +245,8 @@ def _run_shard(stage: Stage, plan: ShardPlan, opts: RunOptions, console, report)
         "counts": {"rows": result.rows, **totals, "error_reasons": reasons},
         "run": {"chunk_size": chunk_size, "chunks": n_chunks, "resumed_chunks": result.resumed_chunks,
                 "chunks_this_run": n_chunks - result.resumed_chunks,
-                "seconds_this_run": round(result.seconds, 2), "tokens_this_run": result.tokens,
+                "seconds_this_run": round(result.seconds, 2), "load_seconds": round(load_seconds, 2),
+                "tokens_this_run": result.tokens,
                 "rank": opts.rank, "world_size": opts.world_size},
     }
     if plan.side_inputs:
@@ -237,7 +257,7 @@ def _run_shard(stage: Stage, plan: ShardPlan, opts: RunOptions, console, report)
             parts_of = [_read_part(_part(parts, i, name)) for i in range(n_chunks)]
             side_table = pa.concat_tables(parts_of) if parts_of else rows_to_table([], schema)
             path = plan.side_outputs[name]
-            side_manifest = {**manifest, "side_output": name, "side_output_of": str(out),
+            side_manifest = {**manifest, "side_output": name, "side_output_of": str(resolve_path(out)),
                              "output": {"path": str(path), "rows": side_table.num_rows}}
             with _writing(path, parts):
                 write_json(manifest_path(path), side_manifest)

@@ -241,8 +241,9 @@ def features_yaml(folder: Path, files: list[str]) -> list[dict]:
 
 
 def render_card(folder: Path, export_manifest: dict, splits: dict[str, list[str]], repo_id: str,
-                license: str | None, images: list[str], stats: dict[str, Any]) -> str:
-    """The README.md text: YAML front matter (configs, features, license, tags, size) and the body."""
+                license: str | None, images: list[str], stats: dict[str, Any], report: bool = False) -> str:
+    """The README.md text: YAML front matter (configs, features, license, tags, size) and the body (with a
+    link to ``report.html`` when ``report``)."""
     from huggingface_hub import DatasetCard, DatasetCardData
 
     stages = lineage(export_manifest)
@@ -270,7 +271,7 @@ def render_card(folder: Path, export_manifest: dict, splits: dict[str, list[str]
     filters = [s for s in stages if s["stage"] == "filter"]
     card = DatasetCard.from_template(
         card_data, template_path=str(template_path()), repo_id=repo_id, export=export_manifest, fmt=fmt,
-        stages=stages, filters=filters, split_rows=split_rows, stats=stats, images=images,
+        stages=stages, filters=filters, split_rows=split_rows, stats=stats, images=images, report=report,
         human=(export_manifest["config"].get("labels") or "").startswith("reference_"),
         truncated=any(r.startswith("truncate-after-first-error") for s in filters for r in _rules(s)),
         kept_correct=any(r.startswith("keep-correct-steps") for s in filters for r in _rules(s)),

@@ -9,18 +9,25 @@ Formats (``FORMATS``), each with explicit ``datasets`` features (never inferred 
   column follow a recorded rule, ``value > --threshold`` (default 0: Math-Shepherd's hard estimate; a
   score column on a scale of its own (declared ``scale="score"`` in the shard, :mod:`stepkit.columns`)
   needs it given and is never soft), and the values are kept beside them as ``soft_labels``. One dataset never mixes hard and soft labels.
-* ``math-shepherd`` — Math-Shepherd's ``input`` (the problem, a space, then each step followed by the
-  step tag `` ки``, steps joined by newlines), ``label`` (the same text with ``+`` / ``-`` in place of
-  each tag) and ``task`` (``GSM8K``/``MATH`` from ``source``, or ``--task``).
+* ``math-shepherd`` — the released Math-Shepherd rows' layout (:mod:`stepkit.stages.export_text`): ``input``
+  is the problem, a space, then ``Step k: <step> ки`` per step joined by ``\n``; ``label`` the same text
+  with ``+`` / ``-`` in place of each tag; ``task`` ``GSM8K`` or ``MATH`` (from ``source``, else the
+  shard's ingest input, else ``--task``), checked against what TRL's Math-Shepherd converter reads.
 * ``processbench`` — ProcessBench's ``id``, ``generator``, ``problem``, ``steps``,
   ``final_answer_correct`` and ``label`` (0-based first error, ``-1`` none).
 * ``messages`` — tool-calling conversations (rows of ``ingest messages``) in the OpenAI chat format with one
   label per assistant turn: ``messages``, ``labels``, ``turn_index``, ``outcome_correct``, ``reward``
   (:mod:`stepkit.stages.export_messages`); ``--soft`` as for ``trl``.
 * ``pairs`` — DPO preference pairs (TRL's standard preference format: ``prompt``, ``chosen``,
-  ``rejected`` strings) from an ``mcts-label --pairs-out`` shard: the prompt is the problem followed by
-  the shared prefix steps, ``chosen``/``rejected`` the two children's steps (each joined by newlines),
-  with ``chosen_value``/``rejected_value`` kept.
+  ``rejected`` strings) from an ``mcts-label --pairs-out`` shard: the prompt is the problem and the
+  shared prefix steps, each followed by the step separator, ``chosen``/``rejected`` the two children's
+  steps joined by it (so ``prompt + chosen`` is the solution text), with ``chosen_value``/``rejected_value``.
+
+The step separator (``--step-separator``, else the rows' own when they agree, refused when they do not;
+math-shepherd: ``\n``) joins every text format's steps, and is written into the manifest
+(``step_separator``), each data file's Parquet metadata (``stepkit.export``) and the card: a trainer that
+joins ``completions`` must use the same one. A step holding it is refused or rejoined
+(``--separator-in-step``).
 
 ``--labels COL`` names the label column: step labels (list<bool>), step values (list<float>) or a
 first-error index (int; labels are true before it and false from it on). A row whose labels are null
@@ -52,11 +59,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from stepkit import __version__
-from stepkit.columns import Meanings, read_meanings
 from stepkit.errors import ConfigError, InputError, StepkitError
-from stepkit.grading.verdicts import first_error_of, labels_from_first_error
 from stepkit.options import Config, opt
-from stepkit.schema import check_column_types, check_columns, check_kept_steps
 from stepkit.shards import (
     file_sha256,
     iter_row_chunks,
@@ -67,12 +71,11 @@ from stepkit.shards import (
     write_json,
     write_table,
 )
+from stepkit.stages import export_text
+from stepkit.stages.export_rows import SOFT_FORMATS, Converter, check_row, features_for, flagged, threshold
 
 FORMATS = ("trl", "math-shepherd", "processbench", "messages", "pairs")
-SOFT_FORMATS = ("trl", "messages")  # the formats whose labels may be soft
 MANIFEST = "stepkit.manifest.json"
-STEP_TAG = " ки"  # Math-Shepherd's step tag
-TAG_WORD = re.compile(r"(?<!\w)ки(?!\w)")  # the tag as a word (Russian words that start with ки are fine)
 
 
 @dataclass(frozen=True)
@@ -93,10 +96,18 @@ class ExportConfig(Config):
     split: str = opt("train", "The split's name when there is no --test-size.")
     seed: int = opt(0, "Seed of the --test-size split of problems.", min=0)
     rows_per_file: int = opt(100_000, "Rows per Parquet file.", min=1)
-    task: str | None = opt(None, "math-shepherd: the task column (default from source: GSM8K, MATH).")
+    task: str | None = opt(None, "math-shepherd: the task column [default: from each row's source or its ingest "
+                                 "input].", choices=export_text.TASKS)
+    step_separator: str | None = opt(None, "How steps are joined into text (\\n, \\n\\n, ...) [default: the rows' "
+                                           "own when they agree; math-shepherd: \\n].", metavar="SEP")
+    separator_in_step: str = opt("error", "A step that holds the separator: stop with an error, or rejoin it "
+                                          "(the separator inside it replaced by a space).", choices=("error", "rejoin"))
 
     def __post_init__(self):
         super().__post_init__()
+        if self.step_separator is not None:
+            object.__setattr__(self, "step_separator", export_text.unescape(self.step_separator))
+            export_text.check_separator_option(self.step_separator)
         if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_]*", self.split):
             raise ConfigError(f"--split {self.split!r}: a split name is letters, digits and _ (e.g. train)")
         if self.format == "pairs" and self.labels is not None:
@@ -107,236 +118,6 @@ class ExportConfig(Config):
             raise ConfigError("--soft is for --format trl or messages (the other formats have hard labels)")
         if self.test_size is not None and self.test_size >= 1 and self.test_size != int(self.test_size):
             raise ConfigError(f"--test-size {self.test_size}: a share below 1 or a whole number of problems")
-
-
-def features_for(cfg: ExportConfig, kind: str | None = None):
-    """The ``datasets.Features`` of a format (explicit: never inferred); ``kind`` is the label column's
-    kind (``bool``, ``float``, ``index``): hard labels from values keep the values as ``soft_labels``."""
-    from datasets import Features, List, Value
-
-    s = Value("string")
-    if cfg.format == "trl":
-        f = {"id": s, "prompt": s, "completions": List(s),
-             "labels": List(Value("float32")) if cfg.soft else List(Value("bool"))}
-        if kind == "float" and not cfg.soft:
-            f["soft_labels"] = List(Value("float32"))  # the values the hard labels came from
-        return Features(f)
-    if cfg.format == "math-shepherd":
-        return Features({"id": s, "input": s, "label": s, "task": s})
-    if cfg.format == "messages":
-        from stepkit.stages import export_messages
-
-        return Features(export_messages.features(cfg.soft, kind))
-    if cfg.format == "processbench":
-        return Features({"id": s, "generator": s, "problem": s, "steps": List(s),
-                         "final_answer_correct": Value("bool"), "label": Value("int32")})
-    return Features({"id": s, "prompt": s, "chosen": s, "rejected": s, "chosen_value": Value("float32"),
-                     "rejected_value": Value("float32")})
-
-
-def _textual(t: pa.DataType) -> bool:
-    t = t.value_type if pa.types.is_dictionary(t) else t
-    return pa.types.is_string(t) or pa.types.is_large_string(t)
-
-
-def _check_row(row: dict, path: Path, i: int, fmt: str, seen: set) -> None:
-    """One input row's values: text where text is needed, steps present, ids unique (InputError)."""
-    if fmt == "pairs":
-        if not row.get("prompt"):
-            raise InputError(path, "null or empty prompt", row=i, column="prompt")
-        for c in ("chosen", "rejected"):
-            if not row.get(c) or any(not isinstance(x, str) or not x.strip() for x in row[c]):
-                raise InputError(path, "null, empty or blank steps", row=i, column=c)
-        for c in ("chosen_value", "rejected_value"):
-            v = row.get(c)
-            if v is not None and not math.isfinite(v):
-                raise InputError(path, f"{v} is not a finite value", row=i, column=c)
-        return
-    if not row.get("id"):
-        raise InputError(path, "null or empty id", row=i, column="id")
-    if row["id"] in seen:
-        raise InputError(path, f"duplicate id {row['id']!r}: one row per id", row=i, column="id")
-    seen.add(row["id"])
-    if not row.get("prompt"):
-        raise InputError(path, "null or empty prompt", row=i, column="prompt")
-    steps = row.get("steps")
-    if not steps:
-        raise InputError(path, "null or empty steps (a dataset row needs at least one step)", row=i, column="steps")
-    for k, x in enumerate(steps):
-        if x is None or not x.strip():
-            raise InputError(path, f"step {k} is null or blank", row=i, column="steps")
-    check_kept_steps(row, len(steps), path, i)
-
-
-def threshold(cfg: ExportConfig) -> float:
-    """The threshold of hard labels from values: ``--threshold``, else 0 (Math-Shepherd's hard estimate)."""
-    return 0.0 if cfg.threshold is None else cfg.threshold
-
-
-def _label_kind(schema: pa.Schema, path: Path, col: str, soft: bool = False, threshold: float | None = None) -> str:
-    """``index``, ``bool`` or ``float``: what ``--labels COL`` holds, by its type and its declared meaning (a
-    float column in nats or on a score scale of its own is no value in [0, 1])."""
-    if col not in schema.names:
-        raise InputError(path, f"missing --labels column (has: {', '.join(schema.names)})", column=col)
-    t = schema.field(col).type
-    if pa.types.is_integer(t):
-        return "index"
-    if pa.types.is_list(t) or pa.types.is_large_list(t):
-        if pa.types.is_boolean(t.value_type):
-            return "bool"
-        if pa.types.is_floating(t.value_type):
-            meaning = read_meanings(schema, path).get(col)
-            scale = meaning.scale if meaning is not None else None
-            prefix = col.split("_")[0]
-            if scale == "nats" and not soft:
-                raise InputError(path, "holds log-probabilities (nats), not values in [0, 1]: hard labels from it "
-                                       f"need its stage's first-error rule; use --labels {prefix}_label (or "
-                                       f"{prefix}_first_error), or --soft to export the values", column=col)
-            if scale == "score" and (soft or threshold is None):
-                own = col.replace("_score", "_label")
-                low, high = meaning.range
-                raise InputError(path, f"holds {low:g}-{high:g} scores, not values in [0, 1]: "
-                                       + ("they are no soft labels" if soft else "value > 0 would call nearly every "
-                                          "step correct") + f"; use --labels {own}, or hard labels with --threshold X",
-                                 column=col)
-            return "float"
-    raise InputError(path, f"--labels needs step labels (list<bool>), step values (list<float>) or a first-error "
-                           f"index (int), found {t}", column=col)
-
-
-REQUIRED = {"trl": ("id", "prompt", "steps"), "math-shepherd": ("id", "prompt", "steps"),
-            "processbench": ("id", "prompt", "steps", "outcome_correct"),
-            "messages": ("id", "prompt", "steps", "prompt_messages", "step_messages"),
-            "pairs": ("prompt", "prefix_steps", "chosen", "rejected")}
-
-
-class Converter:
-    """Turns one input row into one output record of ``cfg.format`` (None: null labels)."""
-
-    def __init__(self, cfg: ExportConfig):
-        self.cfg = cfg
-        self.kind: str | None = None
-        self.meanings: dict[Path, Meanings] = {}  # per shard: its columns' declared meaning
-        self.dropped_keys: Counter = Counter()  # messages: message keys left out, with how many messages had one
-
-    def check_schema(self, schema: pa.Schema, path: Path) -> None:
-        self.meanings[Path(path)] = read_meanings(schema, path)
-        if self.cfg.format == "messages":
-            from stepkit.stages.export_messages import check_schema
-
-            check_schema(schema, path)  # names what the rows must come from before any generic message
-        for c in REQUIRED[self.cfg.format]:
-            if c not in schema.names:
-                raise InputError(path, f"missing column for --format {self.cfg.format} "
-                                       f"(has: {', '.join(schema.names)})", column=c)
-        if self.cfg.format == "pairs":
-            for c in ("prefix_steps", "chosen", "rejected"):
-                t = schema.field(c).type
-                if not ((pa.types.is_list(t) or pa.types.is_large_list(t)) and _textual(t.value_type)):
-                    raise InputError(path, f"expected a list of step strings, found {t}", column=c)
-            if not _textual(schema.field("prompt").type):
-                raise InputError(path, f"expected a string, found {schema.field('prompt').type}", column="prompt")
-            return
-        check_columns(schema, REQUIRED[self.cfg.format], path)  # steps list<string>, id string, outcome bool
-        # the other columns it reads (filter_*, <labeller>_status, source, generator); --labels by its kind
-        check_column_types(schema, path, [c for c in schema.names if c != self.cfg.labels])
-        kind = _label_kind(schema, path, self.cfg.labels, self.cfg.soft, self.cfg.threshold)
-        if self.cfg.soft and kind != "float":
-            raise InputError(path, f"--soft needs step values (list<float>), found "
-                                   f"{schema.field(self.cfg.labels).type}", column=self.cfg.labels)
-        if self.cfg.format == "processbench" and kind == "float":
-            raise InputError(path, "--format processbench needs a first-error index or step labels, found step "
-                                   "values", column=self.cfg.labels)
-        if self.kind is not None and kind != self.kind:
-            raise InputError(path, f"holds {kind} labels but an earlier shard holds {self.kind} labels: "
-                                   "one dataset has one label type", column=self.cfg.labels)
-        self.kind = kind
-
-    def labels(self, row: dict, path: Path, i: int) -> tuple[list | None, list | None]:
-        """``(hard labels or soft values, values hard labels came from)``; (None, None) when null, or when
-        the labelling stage's status says it has no labels for the row (``mc_status = no_signal``: its
-        values are all 0 because nothing succeeded, which says nothing about the steps)."""
-        v, n, col = row.get(self.cfg.labels), len(row["steps"]), self.cfg.labels
-        if v is None or not self.meanings[Path(path)].row_has_labels(row, col):
-            return None, None
-        if self.kind == "index":
-            if v >= n and row.get("filter_steps_before", n) > n:  # keep-correct-steps cut off the error
-                return [True] * n, None
-            if not -1 <= v < n:
-                raise InputError(path, f"first-error index {v} outside -1..{n - 1}", row=i, column=col)
-            return labels_from_first_error(v, n), None
-        v = list(v)
-        if len(v) != n:
-            raise InputError(path, f"{len(v)} labels for {n} steps", row=i, column=col)
-        if any(x is None for x in v):
-            return None, None
-        if self.kind == "bool":
-            return v, None
-        if any(not math.isfinite(x) for x in v):
-            raise InputError(path, "a step value is not a finite number", row=i, column=col)
-        return (v, None) if self.cfg.soft else ([x > threshold(self.cfg) for x in v], v)
-
-    def convert(self, row: dict, path: Path, i: int) -> dict | None:
-        """The output record of ``row``; None when its labels are null. A row that ``stepkit filter
-        --flag-only`` flagged never gets here (see :func:`flagged`); one it would cut is cut here."""
-        f = self.cfg.format
-        row = _apply_cut(row, self.meanings.get(Path(path)))
-        if f == "pairs":
-            prompt = "\n".join([row["prompt"], *(row.get("prefix_steps") or [])])
-            return {"id": f"{row.get('node_id') or i}:{row.get('chosen_node_id')}:{row.get('rejected_node_id')}",
-                    "prompt": prompt, "chosen": "\n".join(row["chosen"]), "rejected": "\n".join(row["rejected"]),
-                    "chosen_value": row.get("chosen_value"), "rejected_value": row.get("rejected_value")}
-        labels, values = self.labels(row, path, i)
-        if labels is None:
-            return None
-        steps = list(row["steps"])
-        if f == "messages":
-            from stepkit.stages.export_messages import record
-
-            return record(row, labels, values, self.cfg.soft, path, i, self.dropped_keys)
-        if f == "trl":
-            rec = {"id": row["id"], "prompt": row["prompt"], "completions": steps, "labels": labels}
-            if self.kind == "float" and not self.cfg.soft:
-                rec["soft_labels"] = values
-            return rec
-        if f == "math-shepherd":
-            for col, texts in (("prompt", [row["prompt"]]), ("steps", steps)):
-                if any(TAG_WORD.search(t) for t in texts):
-                    raise InputError(path, f"holds Math-Shepherd's step tag {STEP_TAG.strip()!r} as a word: the "
-                                           "tags would not match the labels", row=i, column=col)
-            tags = [" +" if ok else " -" for ok in labels]
-            return {"id": row["id"], "input": row["prompt"] + " " + "\n".join(s + STEP_TAG for s in steps),
-                    "label": row["prompt"] + " " + "\n".join(s + t for s, t in zip(steps, tags)),
-                    "task": self.cfg.task or _task(row.get("source"))}
-        if row.get("filter_cut_by"):
-            raise InputError(path, f"steps were cut by filter rule {row['filter_cut_by']!r}: the processbench "
-                                   "format describes whole solutions (its final_answer_correct)", row=i,
-                             column="filter_cut_by")
-        if row.get("outcome_correct") is None:
-            return None
-        return {"id": row["id"], "generator": row.get("generator"), "problem": row["prompt"], "steps": steps,
-                "final_answer_correct": row["outcome_correct"], "label": first_error_of(labels)}
-
-
-def flagged(row: dict) -> bool:
-    """Whether ``stepkit filter --flag-only`` flagged the row as one to drop."""
-    return bool(row.get("filter_reason"))
-
-
-def _apply_cut(row: dict, meanings: Meanings | None) -> dict:
-    """The row with its per-step columns (as its shard declares them) cut to ``filter_kept_steps`` (set by
-    ``filter --flag-only``)."""
-    k = row.get("filter_kept_steps")
-    if k is None or k >= len(row.get("steps") or []):
-        return row
-    per_step = set(meanings.per_step()) if meanings is not None else {"steps"}
-    return {**row, **{c: v[:k] for c, v in row.items() if c in per_step and v is not None},
-            "filter_cut_by": row.get("filter_cut_by") or "(flagged)"}
-
-
-def _task(source: str | None) -> str:
-    s = (source or "").lower()
-    return "GSM8K" if "gsm8k" in s else "MATH" if "math" in s else (s.split("/")[0] or "unknown")
 
 
 def _test_problems(ids: list[str], cfg: ExportConfig) -> set[str]:
@@ -396,16 +177,29 @@ def export(in_path: str | os.PathLike, out: str | os.PathLike, cfg: ExportConfig
         missing = next(p for p in shards if p not in has_pid)
         raise InputError(missing, "has no problem_id column, which --test-size splits by (other shards have it)",
                          column="problem_id")
-    ids = []
+    ids, seps = [], Counter()
     for p in shards:
-        for first, rows in iter_row_chunks(p, 65536, columns=[key]):
+        has_sep = "step_separator" in open_parquet(p).schema_arrow.names
+        for first, rows in iter_row_chunks(p, 65536, columns=[key, "step_separator"] if has_sep else [key]):
             for j, r in enumerate(rows):
                 if r.get(key) is None and cfg.test_size is not None:
                     raise InputError(p, f"null {key}: --test-size splits by it", row=first + j, column=key)
                 ids.append(r.get(key))
+                seps[r.get("step_separator")] += 1
     test = _test_problems(ids, cfg)
+    if cfg.format == "messages":  # a conversation's steps are messages, never joined into text
+        sep, sep_from = None, None
+    elif cfg.format == "math-shepherd" and cfg.step_separator is None:  # the released rows' layout
+        sep, sep_from = export_text.DEFAULT_SEPARATOR, "format"
+    else:
+        sep, sep_from = export_text.resolve_separator(cfg.step_separator, seps, cfg.format, in_path)
+    conv.sep = sep
+    separator = {"value": sep, "from": sep_from,
+                 "rows_joined_otherwise": sum(n for x, n in seps.items() if None not in (x, sep) and x != sep)}
     features = features_for(cfg, conv.kind)
     schema = features.arrow_schema
+    schema = schema.with_metadata({**(schema.metadata or {}), b"stepkit.export": json.dumps(
+        {"format": cfg.format, "step_separator": sep}).encode()})
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     (tmp / "data").mkdir(parents=True)
@@ -428,7 +222,7 @@ def export(in_path: str | os.PathLike, out: str | os.PathLike, cfg: ExportConfig
             for first, rows in iter_row_chunks(p, 4096):
                 for j, row in enumerate(rows):
                     counts["rows_in"] += 1
-                    _check_row(row, p, first + j, cfg.format, seen_ids)
+                    check_row(row, p, first + j, cfg.format, seen_ids)
                     if flagged(row):
                         counts["filtered"] += 1
                         continue
@@ -486,7 +280,7 @@ def export(in_path: str | os.PathLike, out: str | os.PathLike, cfg: ExportConfig
             "label_rule": _label_rule(cfg, conv.kind),
             "splits": {s: {"rows": split_rows[s], "files": data_files[s],
                            "sha256": {f: file_sha256(tmp / f) for f in data_files[s]}} for s in splits},
-            "counts": counts, "features": features.to_dict(),
+            "counts": {**counts, **conv.counts}, "features": features.to_dict(), "step_separator": separator,
             **({"dropped_message_keys": dict(sorted(conv.dropped_keys.items()))} if cfg.format == "messages" else {}),
             "inputs": [{"path": str(p), "sha256": h, "manifest": read_manifest(p)} for p, h in zip(shards, hashes)],
         }

@@ -12,10 +12,13 @@ Record keys (each a dotted path into the record; defaults fit τ-bench's traject
 entries are read too), ``--problem-id-col`` (default ``task_id`` when the record has it, else the row id),
 ``--id-col`` (default ``id`` when present, else ``<problem id>-<trial>`` when the record has ``trial``,
 else ``<file stem>-<index>``).
+
+The file is a JSON list (τ-bench's files) or JSON Lines, read once (:class:`Messages`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from pathlib import Path
@@ -30,9 +33,10 @@ from stepkit.conversations import (
     parse_conversation,
 )
 from stepkit.errors import InputError
-from stepkit.schema import MESSAGE_FIELDS, REFERENCE_FIELDS, TRAJECTORY_SCHEMA, extend_schema
+from stepkit.schema import MESSAGE_FIELDS, extend_schema
+from stepkit.stages.ingest_formats import TRAJ_SCHEMA_WITH_REFS, IngestFormat
 
-MESSAGES_SCHEMA = extend_schema(extend_schema(TRAJECTORY_SCHEMA, REFERENCE_FIELDS), MESSAGE_FIELDS)
+MESSAGES_SCHEMA = extend_schema(TRAJ_SCHEMA_WITH_REFS, MESSAGE_FIELDS)
 _MISSING = object()
 
 
@@ -72,7 +76,10 @@ def gold_actions(value: Any, path: Path, row: int, column: str) -> list[str]:
     return out
 
 
-def _text_id(value: Any, path: Path, row: int, column: str) -> str:
+def _text_id(value: Any, path: Path, row: int, column: str, obj: dict | None = None) -> str:
+    if value is _MISSING:  # (breaking run E18: a mistyped --id-col printed the sentinel object)
+        keys = f" (keys: {', '.join(map(str, obj))[:200]})" if obj else ""
+        raise InputError(path, f"names no key of the record{keys}", row=row, column=column)
     if isinstance(value, bool) or not isinstance(value, (str, int)) or not str(value).strip():
         raise InputError(path, f"an id must be a non-empty string or an integer, found {value!r:.40}", row=row,
                          column=column)
@@ -89,9 +96,14 @@ def conversation_rows(items: list[tuple[int, Any]], path: Path, opts, count: Cal
             that are not JSON, ...); an outcome that is not a number; bad gold actions; a duplicate id.
     """
     rows, ids = [], {}
+    found = {"outcome_col": False, "gold_col": False}  # a key given on the command line that no record has is a typo
+    first_keys: list[str] = []
     for i, obj in items:
         if not isinstance(obj, dict):
             raise InputError(path, f"expected an object, found {type(obj).__name__}", row=i)
+        first_keys = first_keys or [str(k) for k in obj]
+        for name in found:
+            found[name] = found[name] or dotted(obj, getattr(opts, name)) is not _MISSING
         key = opts.messages_col or next((k for k in ("messages", "traj") if k in obj), "messages")
         messages = dotted(obj, key)
         if messages is _MISSING:
@@ -120,9 +132,9 @@ def conversation_rows(items: list[tuple[int, Any]], path: Path, opts, count: Cal
         gold = dotted(obj, opts.gold_col)
         actions = None if gold is _MISSING or gold is None else gold_actions(gold, path, i, opts.gold_col)
         pid_key = opts.problem_id_col or ("task_id" if "task_id" in obj else None)
-        pid = _text_id(dotted(obj, pid_key), path, i, pid_key) if pid_key else None
+        pid = _text_id(dotted(obj, pid_key), path, i, pid_key, obj) if pid_key else None
         if opts.id_col:
-            rid = _text_id(dotted(obj, opts.id_col), path, i, opts.id_col)
+            rid = _text_id(dotted(obj, opts.id_col), path, i, opts.id_col, obj)
         elif "id" in obj:
             rid = _text_id(obj["id"], path, i, "id")
         elif pid is not None and "trial" in obj:
@@ -145,4 +157,28 @@ def conversation_rows(items: list[tuple[int, Any]], path: Path, opts, count: Cal
         count("tool_calls", sum(len(t.message.get("tool_calls") or []) for t in conv.turns))
         count("successes", bool(ok))
         count("gold_actions", len(actions or []))
+    _check_keys_found(found, opts, path, first_keys, bool(rows))
     return rows
+
+
+def _check_keys_found(found: dict[str, bool], opts, path: Path, keys: list[str], any_rows: bool) -> None:
+    """Refuse an ``--outcome-col`` / ``--gold-col`` other than its default that names a key no record has
+    (breaking run E1: every outcome became null and every gold action vanished, exit 0). A default key no
+    record has means the file has no outcomes or no gold actions: its rows are ungraded."""
+    defaults = {f.name: f.default for f in dataclasses.fields(opts)}
+    for name, seen in found.items():
+        col = getattr(opts, name)
+        if any_rows and not seen and col != defaults.get(name):
+            raise InputError(path, f"--{name.replace('_', '-')} names no key of any record (keys: "
+                                   f"{', '.join(keys)[:200]})", column=col)
+
+
+class Messages(IngestFormat):
+    """``messages``: tool-calling conversations (a JSON list or JSON Lines) -> one trajectory per conversation."""
+
+    name = "messages"
+    options = ("id_col", "problem_id_col", "messages_col", "outcome_col", "gold_col", "success_threshold")
+    schema = MESSAGES_SCHEMA
+
+    def rows(self):
+        return conversation_rows(self.take(self.source.json_records()), self.path, self.opts, self.count)

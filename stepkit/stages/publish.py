@@ -6,7 +6,8 @@ local folder as it was:
 1. read the export manifest (``stepkit.manifest.json``) and the data files of each split;
 2. build the card and figures in a staging folder beside FOLDER (its data files are hard links, or
    copies): ``README.md`` from ``data_cards/prm-dataset.md`` (:mod:`stepkit.stages.dataset_card`) with the
-   features rendered from the files' Arrow schema, and ``images/*.png``;
+   features rendered from the files' Arrow schema, ``images/*.png``, and ``report.html`` (``stepkit report``
+   over FOLDER, :mod:`stepkit.stages.report`; linked from the card; not with ``--no-report`` nor for pairs);
 3. check that ``datasets.load_dataset(<staging folder>)`` — the card's ``configs`` decide the splits —
    loads every split with its row count and the features the card declares;
 4. ``--dry-run``: put the card and figures into FOLDER and print what would be uploaded. Otherwise
@@ -16,7 +17,7 @@ local folder as it was:
    429 and 5xx and on connection errors, up to ``--max-retries`` times; 401/403/404 fail at once
    (case ``hub-parallel-commits-412``). The token comes from ``HF_TOKEN`` (else the user's saved
    login), the endpoint from ``--endpoint`` or ``HF_ENDPOINT``. After the commit the card and figures are
-   put into FOLDER.
+   put into FOLDER (with ``--no-report``, an older ``report.html`` is removed from FOLDER and the repository).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from stepkit.stages.export import MANIFEST, read_export_manifest
 
 RETRY_STATUS = {408, 412, 429, 500, 502, 503, 504}
 MAX_WAIT = 300.0  # seconds: the longest wait before a retry, whatever a Retry-After header asks
-UPLOADED = ("README.md", "lineage.json", "data/*", "images/*")  # the rest of FOLDER stays local (manifest, caches)
+UPLOADED = ("README.md", "lineage.json", "report.html", "data/*", "images/*")  # the rest of FOLDER stays local (manifest, caches)
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,8 @@ class PublishConfig(Config):
     license: str | None = opt(None, "The card's license id (default: from the source data when known, else unknown).")
     commit_message: str | None = opt(None, "The commit message (default: 'stepkit publish: N rows, format F').")
     max_retries: int = opt(5, "Retries of a commit on 412 / 429 / 5xx / connection errors.", min=0, max=50)
+    report: bool = opt(True, "Add report.html (stepkit report over the folder: one self-contained page to browse the "
+                             "labels), linked from the card.", flag="--report/--no-report")
     retry_wait: float = opt(2.0, "Seconds before the first retry (doubled each time; a Retry-After header wins).",
                             min=0, max=600)
 
@@ -236,8 +239,9 @@ def publish(folder: str | os.PathLike, cfg: PublishConfig, log=print) -> dict[st
                                    "re-export the folder") from None
         stats = dataset_card.label_stats(staging, splits, manifest["config"]["format"])
         images = dataset_card.draw_figures(stats, staging, (cfg.repo_id or folder.name).split("/")[-1])
+        made = _report(folder, staging, manifest, cfg)
         card = dataset_card.render_card(staging, manifest, splits, cfg.repo_id or given, cfg.license,
-                                        images, stats)
+                                        images, stats, report=made)
         (staging / "README.md").write_text(card)
         write_json(staging / "lineage.json", dataset_card.public_lineage(manifest))
         try:
@@ -245,21 +249,36 @@ def publish(folder: str | os.PathLike, cfg: PublishConfig, log=print) -> dict[st
         except StepkitError as e:  # name the user's folder, not the staging copy
             raise StepkitError(str(e).replace(str(staging), str(folder))) from None
         files = _upload_files(staging)
-        report: dict[str, Any] = {"files": files, "splits": rows, "card": card, "images": images}
+        report: dict[str, Any] = {"files": files, "splits": rows, "card": card, "images": images, "report": made}
         if not cfg.dry_run:
-            report["commit"] = _upload(staging, cfg, manifest, sum(rows.values()))
-        _install(staging, folder, images)
+            report["commit"] = _upload(staging, cfg, manifest, sum(rows.values()), made)
+        _install(staging, folder, images, made)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return report
 
 
-def _install(staging: Path, folder: Path, images: list[str]) -> None:
-    """Put the card and figures into FOLDER (atomic per file), removing figures of an older publish."""
+def _report(folder: Path, staging: Path, manifest: dict, cfg: PublishConfig) -> bool:
+    """Write ``report.html`` (:mod:`stepkit.stages.report`, the default sample) over the export ``folder``
+    into ``staging``; False with ``--no-report`` and for preference pairs (no steps to show)."""
+    if not cfg.report or manifest["config"]["format"] == "pairs":
+        return False
+    from stepkit.stages.report import ReportConfig, write_report
+
+    write_report([str(folder)], ReportConfig(out=str(staging / "report.html"),
+                                             title=(cfg.repo_id or folder.name).split("/")[-1]))
+    return True
+
+
+def _install(staging: Path, folder: Path, images: list[str], report: bool = False) -> None:
+    """Put the card, figures and report into FOLDER (atomic per file), removing figures of an older publish
+    (and its report when none was made)."""
     for old in (folder / "images").glob("*.png") if (folder / "images").is_dir() else ():
         if f"images/{old.name}" not in images:
             old.unlink()
-    for rel in ["README.md", "lineage.json", *images]:
+    if not report:
+        (folder / "report.html").unlink(missing_ok=True)
+    for rel in ["README.md", "lineage.json", *images, *(["report.html"] if report else [])]:
         dst = folder / rel
         dst.parent.mkdir(parents=True, exist_ok=True)
         tmp = dst.with_name(f".{dst.name}.tmp-{os.getpid()}")
@@ -267,7 +286,7 @@ def _install(staging: Path, folder: Path, images: list[str]) -> None:
         os.replace(tmp, dst)
 
 
-def _upload(staging: Path, cfg: PublishConfig, manifest: dict, n_rows: int) -> str:
+def _upload(staging: Path, cfg: PublishConfig, manifest: dict, n_rows: int, report: bool = False) -> str:
     from huggingface_hub import HfApi, constants
     from huggingface_hub.utils import disable_progress_bars
 
@@ -286,6 +305,7 @@ def _upload(staging: Path, cfg: PublishConfig, manifest: dict, n_rows: int) -> s
     message = cfg.commit_message or f"stepkit publish: {n_rows} rows, format {manifest['config']['format']}"
     info = with_retries(lambda: api.upload_folder(repo_id=cfg.repo_id, repo_type="dataset", folder_path=str(staging),
                                                   commit_message=message, allow_patterns=list(UPLOADED),
-                                                  delete_patterns=["data/*", "images/*"]),
+                                                  delete_patterns=["data/*", "images/*",
+                                                                   *([] if report else ["report.html"])]),
                         f"the commit to {cfg.repo_id}", cfg, endpoint)
     return getattr(info, "oid", None) or str(info)

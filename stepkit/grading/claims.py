@@ -1,0 +1,464 @@
+r"""The mathematical claims a step makes, read from LaTeX and plain text: pure string work, no sympy.
+
+``stepkit check-steps`` (:mod:`stepkit.stages.check_steps`) checks each claim with sympy
+(:mod:`stepkit.grading.stepcheck`); this module only finds them. Method: GroundedPRM's fidelity-aware
+verification (each step's own mathematics checked by a math tool) on the forms MATH solutions write:
+
+* a **relation** ``a = b``, ``a < b``, ``a \le b``, ``a \approx b``... inside math mode (``\( \)``, ``\[ \]``,
+  ``$ $``, ``$$ $$``, ``align`` lines), a chain ``a = b = c`` giving one relation per link. A link is
+  ``first`` (the chain's first), ``later`` (a later link: a simplification or evaluation of the side
+  before it) or ``continued`` (a math block that opens with ``=``: it continues the last expression the
+  solution wrote). A first link whose left side is one variable (``n = 81 + 27``, ``a_3 = 1``) *names* it:
+  the checker keeps its value as a definition for later claims (a substitution);
+* an **arithmetic claim** ``a op b = c`` of plain text outside math mode, as ``clue score`` reads them
+  (:func:`stepkit.grading.clues.read_step`, exact rationals);
+* a **division with remainder** ``1529 ÷ 6 = 255 with a remainder of 4`` (checked as ``a = b q + r``,
+  ``0 <= r < b``).
+
+Each side is turned into a plain expression (:func:`to_expression`: ``\frac{a}{b}`` -> ``((a)/(b))``,
+``\sqrt`` -> ``sqrt``, ``^`` -> ``**``, implicit products made explicit, decimals as exact fractions) over a
+small closed vocabulary: numbers, one-letter variables (with a subscript: ``a_3``), ``pi``, ``sqrt``, ``sin``,
+``cos``, ``tan``, ``log``, ``exp``, ``binomial``, ``factorial``, ``floor``, ``ceiling``. Anything else (an
+unknown command, ``\pm``, a function application ``f(2)``, ``|x|``, sets, degrees inside a trigonometric
+function, percent, a word) makes the side ``None``: **not parsed**, which the checker never counts as an
+error. Linear in the text; raises nothing on odd text.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from stepkit.grading.clues import read_step
+
+FUNCTIONS = ("sqrt", "sin", "cos", "tan", "log", "exp", "binomial", "factorial", "floor", "ceiling")
+RELATIONS = {"=": "=", "<": "<", ">": ">", "\\le": "<=", "\\leq": "<=", "\\ge": ">=", "\\geq": ">=",
+             "\\ne": "!=", "\\neq": "!=", "\\approx": "~", "≈": "~", "≤": "<=", "≥": ">=", "≠": "!=",
+             "\\leqslant": "<=", "\\geqslant": ">="}
+
+
+@dataclass(frozen=True)
+class Relation:
+    r"""One link ``lhs op rhs`` of a chain in math mode.
+
+    Attributes:
+        lhs, rhs: the sides as plain expressions (:func:`to_expression`), None when not parsed.
+        op: ``=``, ``<``, ``<=``, ``>``, ``>=``, ``!=`` or ``~`` (approximately).
+        text: the link as written (LaTeX), for reports.
+        link: ``first``, ``later`` or ``continued`` (module docstring).
+        name: the variable a ``first`` ``=`` link names (its left side is that one variable), else None.
+        decimals: the decimals the right side is written with (a rounded result may differ by half a unit
+            of its last place).
+        whole: the left side divides (``\div``, ``÷``) and the right side is a whole number: an integer
+            quotient (``2863 \div 1344 = 2``), which may be the exact value rounded down.
+        rounded_input: the left side holds a decimal (``(2.8284)^2 = 8``): its inputs were rounded, so the
+            claim holds within 1%.
+    """
+
+    lhs: str | None
+    rhs: str | None
+    op: str
+    text: str
+    link: str
+    name: str | None = None
+    decimals: int = 0
+    whole: bool = False
+    rounded_input: bool = False
+
+
+@dataclass(frozen=True)
+class Arithmetic:
+    """A plain-text arithmetic claim ``a op b = c`` (:class:`stepkit.grading.clues.Claim`), exact values
+    known: ``holds`` says whether it is true with the rounding its result allows."""
+
+    text: str
+    holds: bool
+
+
+@dataclass(frozen=True)
+class Remainder:
+    """``dividend ÷ divisor = quotient with a remainder of remainder`` (integers as written)."""
+
+    text: str
+    dividend: int
+    divisor: int
+    quotient: int
+    remainder: int
+
+    @property
+    def holds(self) -> bool:
+        return self.divisor > 0 and self.dividend == self.divisor * self.quotient + self.remainder and \
+            0 <= self.remainder < self.divisor
+
+
+Item = Relation | Arithmetic | Remainder
+
+_MATH = re.compile(r"\\\[(.+?)\\\]|\$\$(.+?)\$\$|\\\((.+?)\\\)|(?<![\\$])\$([^$]+?)\$|"
+                   r"\\begin\{(align\*?|aligned|equation\*?|gather\*?|eqnarray\*?)\}(.+?)\\end\{\5\}", re.S)
+_REMAINDER = re.compile(r"(\d[\d,]*)\s*(?:÷|\\div|/|divided by)\s*(\d+)\s*(?:=|is|equals|gives)\s*(\d[\d,]*)\s*"
+                        r"(?:,?\s*(?:with\s+)?(?:a\s+)?(?:remainder|R|r)\b(?:\s+of)?\s*:?\s*)(\d+)", re.I)
+_SPLIT = re.compile(r"\\(?:text|mbox|mathrm)\s*\{\s*(?:and|or|so|thus|hence|then|where|since|because|if|when|for|"
+                    r"gives|and so|which gives|we get|or|is)\s*,?\s*\}|\\q?quad|\\implies|\\Rightarrow|\\Longrightarrow|"
+                    r"\\rightarrow|\\to\b|\\iff|\\therefore|\\because|\\\\|(?<=[^\d\s]),|,(?=\s*[A-Za-z\\])|;|"
+                    r"\\(?:text|mathrm)\{\s*(?:and|or|so|thus)\s*\}|\band\b|\bor\b")
+_REL = re.compile(r"\\(?:leqslant|geqslant|leq|geq|le|ge|neq|ne|approx)(?![A-Za-z])|[=<>≈≤≥≠]")
+_THOUSANDS = re.compile(r"(?<=\d)(?:,\\!|\{,\}|,\\,|\\,|,)(?=\d{3}(?!\d))")
+_DROP = re.compile(r"\\left|\\right|\\bigl|\\bigr|\\Bigl|\\Bigr|\\big|\\Big|\\displaystyle|\\[,;:! ]|&|\\limits")
+_UNITS = re.compile(r"\\(?:text|mathrm|textbf|mbox|operatorname)\s*\{[^{}]*\}")
+_COMMAND = re.compile(r"\\([A-Za-z]+)")
+_REFUSE = re.compile(r"\\(?:pm|mp|infty|in|notin|cup|cap|sum|prod|int|lim|vec|overline|angle|triangle|mid|equiv|"
+                     r"pmod|bmod|mod|cdots|ldots|dots|subset|cong|sim|perp|parallel)(?![A-Za-z])|%|\||\\?\$")
+_TOKEN = re.compile(r"\s*(?:(\d+\.\d*|\.\d+|\d+)|([A-Za-z]+(?:_\d+)?)|(\*\*|[-+*/()]))")
+_LATEX_FUNCS = {"sin": "sin", "cos": "cos", "tan": "tan", "log": "log", "ln": "log", "exp": "exp", "pi": "pi",
+                "sqrt": "sqrt", "cdot": "*", "times": "*", "div": "/", "ast": "*", "lfloor": "floor(",
+                "rfloor": ")", "lceil": "ceiling(", "rceil": ")"}
+
+
+def _braced(s: str, i: int) -> tuple[str, int] | None:
+    """The contents of the brace group opening at ``s[i]`` (skipping spaces) and the index after it; a single
+    character or digit without braces (``\\frac12``) is a group of one. None when unbalanced."""
+    while i < len(s) and s[i] == " ":
+        i += 1
+    if i >= len(s):
+        return None
+    if s[i] != "{":
+        return (s[i], i + 1) if s[i].isalnum() else None
+    depth = 0
+    for j in range(i, len(s)):
+        if s[j] == "{":
+            depth += 1
+        elif s[j] == "}":
+            depth -= 1
+            if depth == 0:
+                return s[i + 1:j], j + 1
+    return None
+
+
+def _latex_structures(s: str) -> str | None:
+    r"""``\frac``, ``\sqrt``, ``\binom``, ``^{..}`` and ``_{..}`` rewritten with parentheses (recursively);
+    None when a group is unbalanced."""
+    out, i = [], 0
+    while i < len(s):
+        m = re.match(r"\\(?:[dt]?frac|binom|dbinom|tbinom)(?![A-Za-z])", s[i:])
+        if m:
+            a = _braced(s, i + m.end())
+            b = _braced(s, a[1]) if a else None
+            if not b:
+                return None
+            x, y = _latex_structures(a[0]), _latex_structures(b[0])
+            if x is None or y is None:
+                return None
+            out.append(f"(({x})/({y}))" if "frac" in m.group() else f"binomial(({x}),({y}))")
+            i = b[1]
+            continue
+        m = re.match(r"\\sqrt(?![A-Za-z])\s*(?:\[([^\[\]]*)\])?", s[i:])
+        if m:
+            a = _braced(s, i + m.end())
+            if not a:
+                return None
+            x = _latex_structures(a[0])
+            n = _latex_structures(m.group(1)) if m.group(1) else None
+            if x is None or (m.group(1) and n is None):
+                return None
+            out.append(f"(({x})**(1/({n})))" if n else f"sqrt({x})")
+            i = a[1]
+            continue
+        if s[i] in "^_" and i + 1 < len(s):
+            a = _braced(s, i + 1)
+            if not a:
+                return None
+            x = _latex_structures(a[0])
+            if x is None:
+                return None
+            if s[i] == "_":
+                if not re.fullmatch(r"\d+", x.strip()):
+                    return None  # a subscript that is no index (x_{n+1}): not read
+                out.append("_" + x.strip())
+            else:
+                out.append(f"**({x})")
+            i = a[1]
+            continue
+        out.append(s[i])
+        i += 1
+    return "".join(out)
+
+
+def to_expression(latex: str) -> str | None:
+    r"""A side of a relation (LaTeX or plain) as a plain expression over the closed vocabulary of the module
+    docstring, with every product explicit (``2x(x+1)`` -> ``2*x*(x+1)``) and every decimal an exact
+    fraction (``0.75`` -> ``(75/100)``); None when any part of it is outside that vocabulary."""
+    s = latex.strip().rstrip(".,;:").strip()
+    s = _UNIT.sub(" ", s).strip()
+    if not s or len(s) > 400 or "\x01" in s or s[0] in "+*/^" or s[-1] in "+-*/^":
+        return None  # a word, or a part cut out of a longer expression
+    if _REFUSE.search(s) or re.search(r"[A-Za-z]\s*\^\s*\{\s*-\s*1\s*\}\s*\(", s):
+        return None  # (f^{-1}(2): an inverse function)
+    if re.search(r"\\circ|°", s):
+        if re.search(r"\\(?:sin|cos|tan)", s):
+            return None  # degrees inside a trigonometric function: not read as radians
+        s = re.sub(r"\^\s*\{?\s*\\circ\s*\}?|°", "", s)
+    s = _THOUSANDS.sub("", s.replace("\u2212", "-"))
+    s = _MIXED.sub(lambda m: f"({m.group(1)}+{m.group(2)}/{m.group(3)})" if int(m.group(2)) < int(m.group(3))
+                   else "\x00", s)  # a mixed number 2\frac{6}{7}; an improper one is a typo or a product
+    if "\x00" in s:
+        return None
+    s = _UNITS.sub(" ", s)
+    s = _DROP.sub(" ", s)
+    s = s.replace("×", "*").replace("·", "*").replace("÷", "/").replace("\\{", "\x00").replace("\\}", "\x00")
+    if "\x00" in s:
+        return None
+    s = _latex_structures(s)
+    if s is None:
+        return None
+    s = re.sub(r"(\d+)\s*!", r"factorial(\1)", s)
+    if "!" in s:
+        return None
+
+    def command(m: re.Match) -> str:
+        name = m.group(1)
+        return f" {_LATEX_FUNCS[name]} " if name in _LATEX_FUNCS else "\x00"
+
+    s = _COMMAND.sub(command, s)
+    if "\x00" in s or "\\" in s:
+        return None
+    s = s.replace("{", "(").replace("}", ")").replace("[", "(").replace("]", ")").replace("^", "**")
+    return _explicit(s)
+
+
+def _explicit(s: str) -> str | None:
+    """Tokenise a plain expression and make implicit products explicit; None outside the vocabulary (a
+    word of four or more letters, a one-letter function application ``f(2)``, two numbers side by side)."""
+    toks, pos = [], 0
+    while pos < len(s):
+        m = _TOKEN.match(s, pos)
+        if not m:
+            if s[pos:].strip():
+                return None
+            break
+        pos = m.end()
+        num, name, op = m.groups()
+        if num is not None:
+            if "." in num:
+                whole, _, frac = num.partition(".")
+                num = f"({int((whole or '0') + frac)}/{10 ** len(frac)})" if frac else whole
+            toks.append(("num", num))
+        elif name is not None:
+            base, _, sub = name.partition("_")
+            if base in FUNCTIONS or base == "pi":
+                if sub:
+                    return None
+                toks.append(("func" if base != "pi" else "name", base))
+            elif sub:
+                if len(base) != 1:
+                    return None
+                toks.append(("name", name))
+            else:
+                if len(base) > 3 or (len(base) > 1 and any(c.isupper() for c in base)):
+                    return None  # a word, or a segment between two points (AB): not a product of variables
+                for ch in base:
+                    toks.append(("name", ch))
+        else:
+            toks.append(("op", op))
+    if not toks:
+        return None
+    out = []
+    for k, (kind, text) in enumerate(toks):
+        if k:
+            pk, pt = toks[k - 1]
+            operand_end = pk in ("num", "name") or pt == ")"
+            operand_start = kind in ("num", "name", "func") or text == "("
+            if operand_end and operand_start:
+                if kind == "num" and pk in ("num", "name"):
+                    return None  # 2 3, b32: no product anyone writes
+                if pk == "name" and text == "(" and pt in "fghpqPQFGH":
+                    return None  # a function application f(2): its definition is not known here
+                out.append("*")
+        out.append(text)
+    expr = "".join(out)
+    if re.search(r"\*\*\s*\(?\s*\d{4,}", expr) or re.search(r"factorial\(\d{4,}", expr):
+        return None  # too large to evaluate in a claim's time
+    return expr
+
+
+def _decimals(text: str) -> int:
+    m = re.fullmatch(r"\s*-?\d*\.(\d+)\s*", text)
+    return len(m.group(1)) if m else 0
+
+
+_MIXED = re.compile(r"(?<![\d.])(\d+)[ \t]*\\[dt]?frac\s*\{\s*(\d+)\s*\}\s*\{\s*(\d+)\s*\}")
+_NAME = re.compile(r"\s*([A-Za-z])(?:_\{?(\d+)\}?)?\s*")
+
+
+_TEXT = re.compile(r"\\(?:text|mbox|mathrm|textbf|operatorname)\s*\{[^{}]*\}")
+
+
+def _words(math: str) -> str:
+    r"""``\text{..}`` in math mode: a unit after a number or a closing bracket is marked as a unit (dropped from
+    the value, compared between the sides: ``2 \text{ dozen} = 24`` converts units and is not read); any
+    other is a word (``\text{LCM} = ...``), marked so that its side is not parsed."""
+    def one(m: re.Match) -> str:
+        before = math[:m.start()].rstrip()
+        if before and (before[-1].isdigit() or before[-1] in ")}]"):
+            unit = re.sub(r"^\\\w+\s*\{|\}$", "", m.group()).strip().lower().rstrip("s")
+            return f" \x02{unit}\x02 "
+        return " \x01 "
+    return _TEXT.sub(one, math)
+
+
+_UNIT = re.compile("\x02([^\x02]*)\x02")
+
+
+def _units(part: str) -> set[str]:
+    return set(_UNIT.findall(part))
+
+
+def _relations(math: str, previous: str | None) -> tuple[list[Relation], str | None]:
+    """The relations of one math-mode span; ``previous`` is the last expression written before it (for a span
+    opening with ``=``). Returns them and the last expression of this span."""
+    math = _words(math)
+    out: list[Relation] = []
+    last = previous
+    for piece in _SPLIT.split(math):
+        if not piece or not piece.strip():
+            continue
+        parts, ops, pos = [], [], 0
+        depth = 0
+        for m in re.finditer(r"[(\[{]|[)\]}]|" + _REL.pattern, piece):
+            ch = m.group()
+            if ch in "([{":
+                depth += 1
+            elif ch in ")]}":
+                depth -= 1
+            elif depth == 0:
+                if ch in "<>" and (piece[m.end():m.end() + 1] == "=" or piece[m.start() - 1:m.start()] in "<>="):
+                    continue
+                parts.append(piece[pos:m.start()])
+                ops.append(RELATIONS.get(ch, "=") if ch != "=" or piece[m.start() - 1:m.start()] not in "<>" else "=")
+                pos = m.end()
+        parts.append(piece[pos:])
+        if not ops:
+            if piece.strip():
+                last = piece
+            continue
+        continued = not parts[0].strip()
+        if continued:
+            if previous is None and last is None:
+                parts, ops = parts[1:], ops[1:]
+            else:
+                parts[0] = last if last is not None else previous
+        exprs = [to_expression(p) for p in parts]
+        units = [_units(p) for p in parts]
+        for k, op in enumerate(ops):
+            left, right = _UNIT.sub(" ", parts[k]), _UNIT.sub(" ", parts[k + 1])
+            if not right.strip():
+                continue
+            if units[k] and units[k] != units[k + 1]:
+                exprs[k] = None  # a conversion between units (2 dozen = 24 cups): not read
+            link = "continued" if continued and k == 0 else "first" if k == 0 else "later"
+            name = None
+            m = _NAME.fullmatch(left)
+            if link == "first" and op == "=" and m:
+                name = m.group(1) + (f"_{m.group(2)}" if m.group(2) else "")
+            whole = bool(re.search(r"\\div|÷", left)) and bool(re.fullmatch(r"\s*\d+\s*\.?\s*", right))
+            out.append(Relation(exprs[k], exprs[k + 1], op, f"{left.strip()} {op} {right.strip()}".replace("\x01", "[text]")[:200], link, name,
+                                _decimals(right), whole, bool(re.search(r"\d\.\d", left))))
+        last = parts[-1] if parts[-1].strip() else last
+    return out, last
+
+
+def extract(step: str, previous: str | None = None) -> tuple[list[Item], str | None]:
+    r"""Every claim of one step, in text order: the :class:`Relation` links of its math-mode spans, the
+    :class:`Arithmetic` claims and :class:`Remainder` divisions of its plain text.
+
+    Args:
+        step: the step's text (LaTeX and prose).
+        previous: the last expression the solution wrote before this step (a span opening with ``=``
+            continues it), or None.
+
+    Returns:
+        ``(items, last)``: the claims and the last expression this step writes (for the next step).
+    """
+    items: list[tuple[int, Item]] = []
+    plain, pos = [], 0
+    last = previous
+    for m in _MATH.finditer(step):
+        plain.append(step[pos:m.start()])
+        pos = m.end()
+        body = next(g for g in (m.group(1), m.group(2), m.group(3), m.group(4), m.group(6)) if g is not None)
+        rels, last = _relations(body, last)
+        items += [(m.start(), r) for r in rels]
+        plain.append(" " * (m.end() - m.start()))
+    plain.append(step[pos:])
+    text = "".join(plain)
+    for m in _REMAINDER.finditer(text):
+        a, b, q, r = (int(g.replace(",", "")) for g in m.groups())
+        items.append((m.start(), Remainder(m.group()[:200], a, b, q, r)))
+    for line in text.split("\n"):
+        for c in read_step(line).claims:
+            if re.search(r"(?<![\d.])\d+\s*(?:÷|/)\s*\d+\s*=\s*" + re.escape(c.rhs) + r"\s*,?\s*(?:with|r\b|R\b|remainder)",
+                         line):
+                continue  # the quotient of a division with remainder: the Remainder item checks it
+            items.append((step.find(c.lhs) if c.lhs in step else len(step), Arithmetic(f"{c.lhs} = {c.rhs}", _holds(c))))
+    items.sort(key=lambda x: x[0])
+    return [it for _, it in items], last
+
+
+def _holds(claim) -> bool:
+    from stepkit.grading.clues import claim_holds
+
+    return claim_holds(claim)
+
+
+def solution_clues(solution: str, answer: str | None = None) -> list:
+    r"""Clues (:class:`stepkit.grading.clues.Clue`) from a LaTeX reference solution (MATH-500's ``solution``):
+    the intermediate results it establishes, in order: the last side of every chain in math mode that is a
+    number (``r = \sqrt{0^2 + 3^2} = 3`` gives 3; ``\frac{4}{7}``; ``2\sqrt{3}``), once each, then the
+    reference answer (appended unless the last result is it, as :func:`stepkit.grading.clues.reference_clues`).
+
+    A rational result is written as an integer or ``a/b`` (so ``clue score`` compares it by value), any other
+    as its LaTeX; ``text`` is the solution's line around it (at most 200 characters). A clue depends on
+    nothing (MATH-500 does not say which results a result uses).
+
+    Returns:
+        A list, empty when the solution states no numeric result and no answer is given.
+    """
+    from stepkit.grading.clues import Clue, number_value
+
+    clues: list = []
+    seen: set = set()
+    for m in _MATH.finditer(solution):
+        body = next(g for g in (m.group(1), m.group(2), m.group(3), m.group(4), m.group(6)) if g is not None)
+        rels = _relations(body, None)[0]
+        for k, rel in enumerate(rels):
+            if k + 1 < len(rels) and rels[k + 1].link == "later":
+                continue  # not the chain's result
+            if rel.op != "=" or rel.rhs is None or re.search(r"[A-Za-z]", re.sub(r"sqrt|pi|factorial|binomial", "",
+                                                                                  rel.rhs)):
+                continue
+            value = _rational(rel.rhs)
+            if value is not None:
+                text_value = str(value.numerator) if value.denominator == 1 else f"{value.numerator}/{value.denominator}"
+            else:
+                text_value = rel.text.split(" = ")[-1].strip().rstrip(".,")
+            if not re.search(r"\d", text_value) or text_value in seen:
+                continue
+            seen.add(text_value)
+            line_start = solution.rfind("\n", 0, m.start()) + 1
+            line_end = solution.find("\n", m.end())
+            line = " ".join(solution[line_start:line_end if line_end >= 0 else None].split())
+            clues.append(Clue(line[:200], text_value))
+    if answer is not None and str(answer).strip():
+        ans = str(answer).strip()
+        last = clues[-1].value if clues else None
+        same = last is not None and (number_value(last) if number_value(last) is not None else None) is not None and \
+            number_value(last) == _rational(to_expression(ans))
+        if not same and last != ans:
+            clues.append(Clue(f"The answer is {ans}", ans, (len(clues) - 1,) if clues else ()))
+    return clues
+
+
+def _rational(expr: str | None):
+    """The exact value of a plain expression of numbers (``((14)/(3))``), or None."""
+    from stepkit.grading.clues import evaluate
+
+    return evaluate(expr.replace("**", "^")) if expr else None

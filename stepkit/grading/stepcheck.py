@@ -1,0 +1,336 @@
+r"""Check the claims each step of a solution makes (:mod:`stepkit.grading.claims`) with sympy.
+
+The engine of ``stepkit check-steps``. Importing this module loads no sympy: :func:`check_solution` imports it
+on its first call, so only the stage that runs it pays for it (``import stepkit.grading.stepcheck`` stays
+light, as every grading module but :mod:`stepkit.grading.equivalence`).
+
+A claim ends in one of three outcomes:
+
+* ``held``: true. Numbers are compared in exact rational arithmetic (sympy ``Rational``; radicals and ``pi``
+  by evaluation to 40 digits, a difference below ``1e-25`` relative being zero); a right side written with
+  ``d`` decimals may be the exact value rounded there (``\frac{1}{3} \approx 0.33``, ``= 0.333``). A relation
+  with free symbols is an identity when ``expand(lhs - rhs)`` is 0 or, failing that, when it is zero at
+  ``POINTS`` random rational points (seeded, so reruns agree);
+* ``failed``: false: a numeric relation that does not hold, an identity that a random point refutes, a
+  division with a wrong quotient or remainder, a value named by a step (``x = 3``) that does not satisfy the
+  equation the same step wrote just before it (a solved equation);
+* ``not parsed``: the checker could not decide: a side outside the vocabulary, an equation with a variable
+  no earlier step defined (``2x + 3 = 7`` states a condition, not a claim), a free symbol the
+  random points cannot evaluate, a claim that ran over its time (``timeout`` seconds). Never an error.
+
+Context: a first link ``v = <number>`` (``a = -6``, ``n = 107``) defines ``v`` for the later links of every
+later chain of the solution (a substitution: ``A = \pi r^2 = 9\pi`` after ``r = 3``), until a step defines
+``v`` again. A value a step names is checked against the equations in ``v`` the same step wrote before it:
+it must solve one of them (a case split ``x - 8 = \pm 12`` gives two). Which links are claims about symbols (must be
+identities) and which are conditions:
+
+* a ``later`` or ``continued`` link (``= t^2 - t - 2`` after ``(t+1)(t-2)``) is a simplification: it must be
+  an identity, after putting in the definitions; when it is none and its sides have other symbols (a chain
+  of conditions ``a + b = b + c``, an evaluation at values no step defined ``\pi r^2 = \pi 3^2``), it is
+  not parsed;
+* a ``first`` link with free symbols is a condition (no definition is put in: ``x + y + z = 2`` after
+  ``x = 3`` is a new equation, not a claim about 3): held when it is an identity;
+  else, when it and the condition before it (in this step or an earlier one) are both linear
+  in the same one variable, it must have the same root (``-7y - 1 = -3`` then ``-7y = -4`` fails: an
+  equation rewritten step by step keeps its solution); else not parsed. It is remembered, so that a value
+  the step then names (``y = \frac{4}{7}``) is checked against it.
+"""
+
+from __future__ import annotations
+
+import random
+import signal
+import threading
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+from stepkit.grading.claims import Arithmetic, Relation, Remainder, extract
+
+POINTS = 3
+SOLVED = True  # check a named value against the equation its step wrote before it
+SUBSTITUTE_CONDITIONS = False  # put definitions into a first link with symbols (else it is a new condition)
+ACROSS = True  # compare a linear equation with the previous step's too (else only within a step)
+LINEAR = True  # a linear equation in one variable must keep the root of the one before it
+SCOPE = "solution"  # where a definition holds: "solution" (later steps too), "step" (its own step), "none"
+_TINY = 1e-25
+
+
+class ClaimTimeout(Exception):
+    """A claim ran over its time budget."""
+
+
+@dataclass
+class StepCheck:
+    """The checked claims of one step.
+
+    Attributes:
+        held, failed, not_parsed: claim counts.
+        failures: the failed claims as written (for inspection), in order.
+    """
+
+    held: int = 0
+    failed: int = 0
+    not_parsed: int = 0
+    failures: list[str] = field(default_factory=list)
+
+    @property
+    def checked(self) -> int:
+        """Claims decided (held + failed)."""
+        return self.held + self.failed
+
+
+@contextmanager
+def _time_limit(seconds: float):
+    """Raise :class:`ClaimTimeout` after ``seconds`` of wall time (SIGALRM in the main thread; in another
+    thread no limit can interrupt sympy, and the expression-size guards of :func:`claims.to_expression`
+    are the bound)."""
+    if seconds <= 0 or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, frame):
+        raise ClaimTimeout()
+
+    old = signal.signal(signal.SIGALRM, stop)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+class _Sympy:
+    """sympy, imported on first use, with the parser's closed namespace."""
+
+    def __init__(self):
+        import sympy
+        from sympy.parsing.sympy_parser import parse_expr
+
+        self.sp, self.parse_expr = sympy, parse_expr
+        self.names = {"sqrt": sympy.sqrt, "sin": sympy.sin, "cos": sympy.cos, "tan": sympy.tan, "log": sympy.log,
+                      "exp": sympy.exp, "binomial": sympy.binomial, "factorial": sympy.factorial,
+                      "floor": sympy.floor, "ceiling": sympy.ceiling, "pi": sympy.pi, "Integer": sympy.Integer,
+                      "Rational": sympy.Rational, "Symbol": sympy.Symbol, "Float": sympy.Float}
+
+    def parse(self, expr: str | None):
+        """The sympy expression of a plain expression from :func:`claims.to_expression`, None if it fails."""
+        if expr is None:
+            return None
+        try:
+            out = self.parse_expr(expr, global_dict=dict(self.names), local_dict={}, evaluate=True)
+        except (SyntaxError, TypeError, ValueError, ZeroDivisionError, AttributeError, TokenError_, RecursionError,
+                OverflowError, MemoryError):
+            return None
+        if not isinstance(out, self.sp.Expr) or out.has(self.sp.zoo, self.sp.nan, self.sp.oo, -self.sp.oo):
+            return None
+        return out
+
+
+try:  # tokenize's error, raised by parse_expr on unbalanced parentheses
+    from tokenize import TokenError as TokenError_
+except ImportError:  # pragma: no cover
+    TokenError_ = SyntaxError
+
+_SYMPY: _Sympy | None = None
+
+
+def _sympy() -> _Sympy:
+    global _SYMPY
+    if _SYMPY is None:
+        _SYMPY = _Sympy()
+    return _SYMPY
+
+
+def _number(sp, x) -> complex | None:
+    try:
+        v = complex(sp.N(x, 40))
+    except (TypeError, ValueError, OverflowError, ZeroDivisionError):
+        return None
+    return v if v == v and abs(v) != float("inf") else None
+
+
+def _numeric(sp, op: str, a, b, decimals: int, whole: bool = False, rough: bool = False) -> bool | None:
+    """Whether the numeric relation ``a op b`` holds (None: it cannot be evaluated); ``whole``: an integer
+    quotient may be rounded down; ``rough``: rounded inputs, within 1%."""
+    x, y = _number(sp, a), _number(sp, b)
+    if x is None or y is None:
+        return None
+    scale = max(1.0, abs(x), abs(y))
+    diff = abs(x - y)
+    equal = diff <= _TINY * scale or (whole and abs(x.imag) < 1e-12 and 0 <= x.real - y.real < 1) or \
+        (rough and diff <= 0.01 * max(abs(x), abs(y)))
+    rounded = decimals and diff <= 0.5 * 10 ** -decimals * (1 + 1e-9)
+    if op == "=":
+        return bool(equal or rounded)
+    if op == "~":  # approximately: the written rounding, or within 1% (a loose approximation is no error)
+        return bool(equal or rounded or diff <= 0.01 * scale)
+    if op == "!=":
+        return not equal
+    if abs(x.imag) > 1e-12 or abs(y.imag) > 1e-12:
+        return None
+    x, y = x.real, y.real
+    return {"<": x < y and not equal, "<=": x < y or equal, ">": x > y and not equal, ">=": x > y or equal}[op]
+
+
+def _identity(sp, a, b, rng: random.Random) -> bool | None:
+    """Whether ``a == b`` for every value of their symbols: expand, then random rational points; None when
+    no point evaluates."""
+    d = a - b
+    try:
+        if sp.expand(d) == 0:
+            return True
+    except (TypeError, ValueError, RecursionError):
+        pass
+    symbols = sorted(d.free_symbols, key=lambda s: s.name)
+    tried = 0
+    for _ in range(POINTS * 3):
+        point = {s: sp.Rational(rng.randint(-97, 97), rng.randint(1, 13)) for s in symbols}
+        try:
+            x, y = _number(sp, a.subs(point)), _number(sp, b.subs(point))
+        except (TypeError, ValueError, ZeroDivisionError, RecursionError):
+            continue
+        if x is None or y is None:
+            continue
+        tried += 1
+        if abs(x - y) > 1e-9 * max(1.0, abs(x), abs(y)):
+            return False
+        if tried >= POINTS:
+            return True
+    return None
+
+
+def _identity_or_imaginary(sp, a, b, rng):
+    """:func:`_identity`, and when it fails for a relation with a symbol ``i``, again with ``i`` the imaginary
+    unit (``10i(a - bi) = 10ai + 10b``): held when either reading is an identity."""
+    same = _identity(sp, a, b, rng)
+    i = sp.Symbol("i")
+    if same is False and i in (a.free_symbols | b.free_symbols):
+        other = _identity(sp, a.subs(i, sp.I), b.subs(i, sp.I), rng)
+        return other if other is not None else same
+    return same
+
+
+def check_solution(steps: list[str], timeout: float = 2.0, seed: int = 0) -> list[StepCheck]:
+    """Check every claim of every step of one solution, in order (definitions carry forward).
+
+    Args:
+        steps: the solution's steps (text).
+        timeout: seconds per claim (main thread only; 0: none).
+        seed: for the random points of identity checks.
+
+    Returns:
+        One :class:`StepCheck` per step.
+    """
+    S = _sympy()
+    rng = random.Random(seed)
+    defs: dict = {}
+    last_equation: list = []  # the solution's latest condition (an equation with a free symbol), across steps
+    out = []
+    previous = None
+    for step in steps:
+        res = StepCheck()
+        items, previous = extract(step, previous)
+        if SCOPE != "solution":
+            defs = {}
+        conditions = []  # this step's equations, which a value it names may solve
+        if not ACROSS:
+            last_equation.clear()
+        for it in items:
+            if isinstance(it, (Arithmetic, Remainder)):
+                _count(res, it.holds, it.text)
+                continue
+            try:
+                with _time_limit(timeout):
+                    verdict = _relation(S, it, defs, conditions, rng, last_equation)
+            except ClaimTimeout:
+                verdict = None
+            except (TypeError, ValueError, ZeroDivisionError, RecursionError, OverflowError, AttributeError):
+                verdict = None
+            if verdict == "skip":
+                continue
+            _count(res, verdict, it.text)
+        out.append(res)
+    return out
+
+
+def _count(res: StepCheck, verdict, text: str) -> None:
+    if verdict is True:
+        res.held += 1
+    elif verdict is False:
+        res.failed += 1
+        res.failures.append(text)
+    else:
+        res.not_parsed += 1
+
+
+def _linear_root(sp, expr):
+    """The root of ``expr = 0`` when it is linear in its one free symbol (coefficients may be radicals),
+    else None."""
+    (x,) = expr.free_symbols
+    e = sp.expand(expr)
+    if not e.is_polynomial(x):
+        return None
+    p = sp.Poly(e, x)
+    if p.degree() != 1:
+        return None
+    b, c = p.all_coeffs()
+    return -c / b if b != 0 else None
+
+
+def _follows(sp, new, old) -> bool | None:
+    """Whether the linear equation ``new`` (``(lhs, rhs)``) in one variable has the root of the linear
+    equation ``old`` before it in the same variable (an equation rewritten step by step: ``-7y + 1 = -3``
+    then ``-7y = -4``); None when they are not both linear in the same one variable."""
+    dn, do = new[0] - new[1], old[0] - old[1]
+    if len(dn.free_symbols) != 1 or dn.free_symbols != do.free_symbols:
+        return None
+    rn, ro = _linear_root(sp, dn), _linear_root(sp, do)
+    if rn is None or ro is None:
+        return None
+    return _numeric(sp, "=", rn, ro, 0)
+
+
+def _relation(S: _Sympy, r: Relation, defs: dict, conditions: list, rng: random.Random, last_equation: list):
+    """True / False / None (not parsed) / "skip" (a definition, not a claim) for one relation; a condition
+    updates ``conditions`` (this step's) and ``last_equation`` (the solution's latest)."""
+    sp = S.sp
+    a, b = S.parse(r.lhs), S.parse(r.rhs)
+    if b is None or (a is None and r.name is None):
+        return None
+    if r.name is not None and r.op == "=":
+        value = b.subs(defs) if b.free_symbols else b
+        if value.free_symbols:
+            return "skip"  # a symbolic definition (y = 2x + 1): not a claim, not kept
+        if SCOPE != "none":
+            defs[sp.Symbol(r.name)] = value
+        name = sp.Symbol(r.name)
+        verdicts = []
+        if r.decimals or not SOLVED:
+            return "skip"  # a rounded value satisfies its equation only roughly: not checked
+        for lhs, rhs in conditions:  # the equations this step solved for the value it now names
+            if (lhs - rhs).free_symbols == {name}:
+                v = _numeric(sp, "=", lhs.subs(name, value), rhs.subs(name, value), 0)
+                if v is not None:
+                    verdicts.append(v)
+        if verdicts:  # a case split (x - 8 = 12 or x - 8 = -12): the value solves one of them
+            return any(verdicts)
+        return "skip"
+    if a is None:
+        return None
+    if r.link == "first" and (a.free_symbols | b.free_symbols) and not SUBSTITUTE_CONDITIONS:  # a condition
+        a2, b2 = a, b
+    else:
+        a2, b2 = a.subs(defs), b.subs(defs)
+    free = a2.free_symbols | b2.free_symbols
+    if not free:
+        return _numeric(sp, r.op, a2, b2, r.decimals, r.whole, r.rounded_input)
+    if r.op != "=":
+        return None
+    same = _identity_or_imaginary(sp, a2, b2, rng)
+    if same or r.link != "first":  # a simplification keeps its variables; an evaluation at unknown values
+        return same if same or a2.free_symbols == b2.free_symbols else None  # is not decided
+    verdict = _follows(sp, (a2, b2), last_equation[0]) if last_equation and LINEAR else None
+    conditions.append((a2, b2))
+    last_equation[:] = [(a2, b2)]
+    return verdict
