@@ -29,8 +29,7 @@ def invoke(*args):
     return r
 
 
-@pytest.fixture(scope="module")
-def tiny_base(tmp_path_factory):
+def build_tiny_base(out: Path) -> Path:
     """A one-layer Llama (hidden 64, head size 32) with the bundled model's tokenizer, saved as a model folder."""
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
@@ -42,10 +41,14 @@ def tiny_base(tmp_path_factory):
     cfg.update({"num_hidden_layers": 1, "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 2,
                 "num_key_value_heads": 1, "head_dim": 32})
     torch.manual_seed(0)
-    out = tmp_path_factory.mktemp("tiny") / "base"
     LlamaForCausalLM(cfg).to(torch.bfloat16).save_pretrained(out)
     AutoTokenizer.from_pretrained(src).save_pretrained(out)
     return out
+
+
+@pytest.fixture(scope="module")
+def tiny_base(tmp_path_factory):
+    return build_tiny_base(tmp_path_factory.mktemp("tiny") / "base")
 
 
 @pytest.fixture(scope="module")
