@@ -29,8 +29,7 @@ def invoke(*args):
     return r
 
 
-@pytest.fixture(scope="module")
-def tiny_base(tmp_path_factory):
+def build_tiny_base(out: Path) -> Path:
     """A one-layer Llama (hidden 64, head size 32) with the bundled model's tokenizer, saved as a model folder."""
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
@@ -42,10 +41,14 @@ def tiny_base(tmp_path_factory):
     cfg.update({"num_hidden_layers": 1, "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 2,
                 "num_key_value_heads": 1, "head_dim": 32})
     torch.manual_seed(0)
-    out = tmp_path_factory.mktemp("tiny") / "base"
     LlamaForCausalLM(cfg).to(torch.bfloat16).save_pretrained(out)
     AutoTokenizer.from_pretrained(src).save_pretrained(out)
     return out
+
+
+@pytest.fixture(scope="module")
+def tiny_base(tmp_path_factory):
+    return build_tiny_base(tmp_path_factory.mktemp("tiny") / "base")
 
 
 @pytest.fixture(scope="module")
@@ -185,3 +188,22 @@ def test_bad_rows_are_one_line_naming_split_row_and_column(export, tmp_path):
     r = CliRunner().invoke(cli.main, ["train-prm", str(export), str(tmp_path / "o"), "--base-model", "smollm2-135m",
                                       "--split", "test"])
     assert r.exit_code == 1 and r.stderr.strip() == f"error: {export}: no split 'test' (it has train)"
+
+
+def test_eval_split_and_last_step_only(export, tiny_base, tmp_path):
+    """An export with a test split (export --test-size 1: one problem held out): the loss on it is reported; with
+    --train-on-last-step-only one label per row is trained, and when truncation cuts every last step there is
+    nothing to train (one line, never a run on no labels)."""
+    src = export.parent / "pb.parquet"
+    invoke("export", src, tmp_path / "split", "--format", "trl", "--labels", "reference_first_error", "--test-size", 1)
+    cfg = TrainPRMConfig(base_model=str(tiny_base), max_length=MAX_LEN, step_separator=SEP, max_steps=1,
+                         batch_size=2, eval_split="test", train_on_last_step_only=True)
+    with pytest.raises(StepkitError, match="no training example keeps a label within --max-length 256 "
+                                           r"\(3 labels dropped\)"):
+        train_prm(str(tmp_path / "split"), tmp_path / "cut", cfg, progress=False, log=lambda m: None)
+    doc = train_prm(str(tmp_path / "split"), tmp_path / "out", TrainPRMConfig(**{**cfg.__dict__, "max_length": 2048}),
+                    progress=False, log=lambda m: None)
+    assert doc["counts"]["rows"] == 3 and doc["eval_counts"]["rows"] == 1
+    assert doc["counts"]["labels"] == doc["counts"]["labels_trained"] == 3  # the outcome only
+    assert doc["eval_counts"]["labels"] == doc["eval_counts"]["steps"]  # evaluated on every step's label
+    assert doc["eval_loss"] is not None and math.isfinite(doc["eval_loss"])
