@@ -140,9 +140,9 @@ def test_pairs_from_an_mcts_pairs_shard(tmp_path):
         ExportConfig(format="pairs", labels="x")
     export(inp, tmp_path / "dpo", ExportConfig(format="pairs"))
     d = load(tmp_path / "dpo")[0]
-    # the shard states no separator: the format's \n, after the prompt and every prefix step too
-    assert d["prompt"] == "Q?\n" + steps[0] + "\n" and d["chosen"] == "\n".join(steps[1:3])
-    assert d["rejected"] == "A wrong step." and d["chosen_value"] == 0.75
+    # the shard states no separator: the format's \n, between the prompt and each step, opening each side
+    assert d["prompt"] == "Q?\n" + steps[0] and d["chosen"] == "\n" + "\n".join(steps[1:3])
+    assert d["rejected"] == "\nA wrong step." and d["chosen_value"] == 0.75
 
 
 def test_null_labels_drop_or_error_and_label_counts_checked(tmp_path):

@@ -150,8 +150,9 @@ def label_stats(folder: Path, splits: dict[str, list[str]], fmt: str) -> dict[st
             "value_label": "mean soft label" if soft else "share of steps labelled correct"}
 
 
-def draw_figures(stats: dict[str, Any], folder: Path, title: str) -> list[str]:
-    """Write the two PNGs into ``folder/images``; returns the paths written (relative to ``folder``)."""
+def draw_figures(stats: dict[str, Any], folder: Path, title: str, config: str = "default") -> list[str]:
+    """Write the PNGs into ``folder/images`` (a subset's into ``images/<config>/``); returns the paths
+    written (relative to ``folder``)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -159,7 +160,8 @@ def draw_figures(stats: dict[str, Any], folder: Path, title: str) -> list[str]:
     from matplotlib.ticker import MaxNLocator
 
     written = []
-    (folder / "images").mkdir(parents=True, exist_ok=True)
+    paths = {k: v if config == "default" else v.replace("images/", f"images/{config}/") for k, v in IMAGES.items()}
+    (folder / paths["value"]).parent.mkdir(parents=True, exist_ok=True)
     pos = stats["value_by_position"]
     if pos:
         xs = list(pos)
@@ -180,9 +182,9 @@ def draw_figures(stats: dict[str, Any], folder: Path, title: str) -> list[str]:
         ax.set_zorder(ax2.get_zorder() + 1)
         ax.patch.set_visible(False)
         fig.tight_layout()
-        fig.savefig(folder / IMAGES["value"])
+        fig.savefig(folder / paths["value"])
         plt.close(fig)
-        written.append(IMAGES["value"])
+        written.append(paths["value"])
     hist = stats["first_error_histogram"]
     if hist:
         keys = list(range(-1, max(hist) + 1))
@@ -194,9 +196,9 @@ def draw_figures(stats: dict[str, Any], folder: Path, title: str) -> list[str]:
         ax.yaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_title(f"{title}: first-error histogram")
         fig.tight_layout()
-        fig.savefig(folder / IMAGES["first_error"])
+        fig.savefig(folder / paths["first_error"])
         plt.close(fig)
-        written.append(IMAGES["first_error"])
+        written.append(paths["first_error"])
     if stats.get("margins"):
         fig, ax = plt.subplots(figsize=(7, 3.6), dpi=110)
         ax.hist(stats["margins"], bins=min(20, max(5, len(stats["margins"]) // 5)), color="#2a6fdb")
@@ -205,9 +207,9 @@ def draw_figures(stats: dict[str, Any], folder: Path, title: str) -> list[str]:
         ax.set_title(f"{title}: value margin of the preference pairs")
         ax.yaxis.set_major_locator(MaxNLocator(integer=True))
         fig.tight_layout()
-        fig.savefig(folder / IMAGES["margin"])
+        fig.savefig(folder / paths["margin"])
         plt.close(fig)
-        written.append(IMAGES["margin"])
+        written.append(paths["margin"])
     return written
 
 
@@ -241,8 +243,11 @@ def features_yaml(folder: Path, files: list[str]) -> list[dict]:
 
 
 def render_card(folder: Path, export_manifest: dict, splits: dict[str, list[str]], repo_id: str,
-                license: str | None, images: list[str], stats: dict[str, Any]) -> str:
-    """The README.md text: YAML front matter (configs, features, license, tags, size) and the body."""
+                license: str | None, images: list[str], stats: dict[str, Any], config: str = "default",
+                pretty_name: str | None = None, lineage_file: str = "lineage.json") -> str:
+    """The README.md text of one subset (``config``; its files under ``data/`` or ``data/<config>/``): YAML
+    front matter (configs, features, license, tags, size) and the body, the subset's section between its
+    markers (:mod:`stepkit.stages.card_merge` merges it with the repository's other subsets)."""
     from huggingface_hub import DatasetCard, DatasetCardData
 
     stages = lineage(export_manifest)
@@ -260,17 +265,20 @@ def render_card(folder: Path, export_manifest: dict, splits: dict[str, list[str]
               *({"trl": ["trl"], "pairs": ["dpo"], "messages": ["agent", "tool-calling", "conversational"]}
                 .get(fmt, [fmt]))],
         size_categories=size_category(n_rows),
-        pretty_name=repo_id.split("/")[-1],
-        configs=[{"config_name": "default",
-                  "data_files": [{"split": s, "path": f"data/{s}-*.parquet"} for s in splits]}],
-        dataset_info={"features": features_yaml(folder, files),
+        pretty_name=pretty_name or repo_id.split("/")[-1],
+        configs=[{"config_name": config,
+                  "data_files": [{"split": s, "path": f"data/{'' if config == 'default' else config + '/'}{s}-*.parquet"}
+                                 for s in splits]}],
+        dataset_info={**({} if config == "default" else {"config_name": config}),
+                      "features": features_yaml(folder, files),
                       "splits": [{"name": s, "num_bytes": split_bytes[s], "num_examples": n}
                                  for s, n in split_rows.items()]},
     )
     filters = [s for s in stages if s["stage"] == "filter"]
     card = DatasetCard.from_template(
         card_data, template_path=str(template_path()), repo_id=repo_id, export=export_manifest, fmt=fmt,
-        stages=stages, filters=filters, split_rows=split_rows, stats=stats, images=images,
+        stages=stages, filters=filters, split_rows=split_rows, stats=stats, images=images, config=config,
+        pretty_name=pretty_name or repo_id.split("/")[-1], lineage_file=lineage_file,
         human=(export_manifest["config"].get("labels") or "").startswith("reference_"),
         truncated=any(r.startswith("truncate-after-first-error") for s in filters for r in _rules(s)),
         kept_correct=any(r.startswith("keep-correct-steps") for s in filters for r in _rules(s)),
