@@ -21,11 +21,11 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from stepkit.errors import ConfigError
+from stepkit.stages import card_sources
 
 TEMPLATE = "prm-dataset.md"
 IMAGES = {"value": "images/value_by_step.png", "first_error": "images/first_error_histogram.png",
           "margin": "images/pair_margin_histogram.png"}
-LICENSES = {"gsm8k": "mit", "gsm8k-solutions": "mit"}  # from ../shared/data/README.md: GSM8K is MIT
 
 
 def template_path() -> Path:
@@ -250,16 +250,19 @@ def render_card(folder: Path, export_manifest: dict, splits: dict[str, list[str]
     markers (:mod:`stepkit.stages.card_merge` merges it with the repository's other subsets)."""
     from huggingface_hub import DatasetCard, DatasetCardData
 
-    stages = lineage(export_manifest)
+    stages = [{**s, "config": card_sources.applicable(s["stage"], s["config"])} for s in lineage(export_manifest)]
     fmt = export_manifest["config"]["format"]
-    first_format = next((s["config"].get("format") for s in stages if s["stage"] == "ingest"), None)
+    keys = card_sources.sources(export_manifest)
+    known = [card_sources.SOURCES[k] for k in keys if k in card_sources.SOURCES]
+    methods = [card_sources.METHODS[s] for s in dict.fromkeys(st["stage"] for st in stages) if s in card_sources.METHODS]
     n_rows = sum(pq.ParquetFile(folder / f).metadata.num_rows for fs in splits.values() for f in fs)
     split_rows = {s: sum(pq.ParquetFile(folder / f).metadata.num_rows for f in fs) for s, fs in splits.items()}
     split_bytes = {s: sum(pq.ParquetFile(folder / f).metadata.row_group(i).total_byte_size for f in fs
                           for i in range(pq.ParquetFile(folder / f).metadata.num_row_groups)) for s, fs in splits.items()}
     files = [f for fs in splits.values() for f in fs]
     card_data = DatasetCardData(
-        license=license or LICENSES.get(first_format, "unknown"),
+        license=card_sources.card_license(keys, license),
+        source_datasets=[k["hub"] for k in known] or None,
         task_categories=["text-generation"] if fmt == "pairs" else ["text-classification"],
         tags=["process-reward-model", "step-labels", "stepkit",
               *({"trl": ["trl"], "pairs": ["dpo"], "messages": ["agent", "tool-calling", "conversational"]}
@@ -282,6 +285,9 @@ def render_card(folder: Path, export_manifest: dict, splits: dict[str, list[str]
         human=(export_manifest["config"].get("labels") or "").startswith("reference_"),
         truncated=any(r.startswith("truncate-after-first-error") for s in filters for r in _rules(s)),
         kept_correct=any(r.startswith("keep-correct-steps") for s in filters for r in _rules(s)),
+        sources=known, unknown_sources="?" in keys, methods=methods,
+        warnings=card_sources.read_before_use(stats, export_manifest, stages),
+        separator=(export_manifest.get("step_separator") or {}).get("value"),
     )
     return str(card)
 

@@ -236,6 +236,9 @@ def export(in_path: str | os.PathLike, out: str | os.PathLike, cfg: ExportConfig
                     split = ("test" if row.get(key) in test else "train") if cfg.test_size is not None else cfg.split
                     buffers[split].append(rec)
                     counts["rows_out"] += 1
+                    if row.get("mc_value_start") is not None:  # how often the labelling model solves the problem
+                        counts["v0_rows"] = counts.get("v0_rows", 0) + 1
+                        counts["v0_sum"] = round(counts.get("v0_sum", 0.0) + row["mc_value_start"], 6)
                     labels = rec.get("labels")
                     if cfg.format == "pairs" and None not in (rec["chosen_value"], rec["rejected_value"]) \
                             and rec["chosen_value"] <= rec["rejected_value"]:
