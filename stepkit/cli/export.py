@@ -7,8 +7,9 @@ import click
 from stepkit.options import click_options, from_params
 from stepkit.stages.export import ExportConfig
 
-SOFT_WARNING = ("warning: TRL's PRMTrainer converts each label with int(), so soft labels such as 0.75 train as 0; "
-                "use these labels with a trainer that reads floats, or export hard labels (--threshold X)")
+SOFT_WARNING = ("warning: TRL's PRMTrainer (trl <= 1.13.0, trl.experimental.prm; later trl has none) converts each "
+                "label with int(), so soft labels such as 0.75 train as 0 there; use these labels with a trainer that "
+                "reads floats, or export hard labels (--threshold X)")
 
 
 @click.command("export")

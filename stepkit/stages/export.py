@@ -4,8 +4,10 @@ Formats (``FORMATS``), each with explicit ``datasets`` features (never inferred 
 
 * ``trl`` — TRL's stepwise supervision (``trl`` docs, "Dataset formats": ``prompt`` string,
   ``completions`` list of step strings, ``labels`` one per step). Hard labels are ``List(bool)``;
-  ``--soft`` writes ``List(float32)`` from a value column. TRL's ``PRMTrainer`` converts each label with
-  ``int()`` (so 0.75 trains as 0, case ``trl-prm-soft-labels-truncated``): hard labels from a value
+  ``--soft`` writes ``List(float32)`` from a value column. It is what TRL's ``PRMTrainer`` read (it exists
+  up to trl 1.13.0, in ``trl.experimental.prm``; later releases have none) and what ``stepkit train-prm``
+  reads. That trainer converts each label with ``int()`` (so 0.75 trains as 0, case
+  ``trl-prm-soft-labels-truncated``): hard labels from a value
   column follow a recorded rule, ``value > --threshold`` (default 0: Math-Shepherd's hard estimate; a
   score column on a scale of its own (declared ``scale="score"`` in the shard, :mod:`stepkit.columns`)
   needs it given and is never soft), and the values are kept beside them as ``soft_labels``. One dataset never mixes hard and soft labels.
