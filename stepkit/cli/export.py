@@ -55,6 +55,14 @@ def command(inp, out, force, **kw):
     t.add_row("rows in / out", f"{c['rows_in']} / {c['rows_out']}")
     t.add_row("dropped: null labels", str(c["null_labels"]))
     t.add_row("left out: flagged by filter --flag-only", str(c.get("filtered", 0)))
+    tl = m.get("token_lengths")
+    if tl:
+        t.add_row(f"tokens per row ({tl['tokenizer']})", f"min {tl['min']}, median {tl['median']}, p95 {tl['p95']}, "
+                                                         f"max {tl['max']}")
+        if tl["max_length"] is not None:
+            cut = tl["labels_cut"]
+            t.add_row(f"over --max-length {tl['max_length']}", f"{tl['rows_over']} row(s); labels a trainer with this "
+                      f"limit drops: {cut['true']} correct, {cut['false']} wrong; rows dropped: {tl['rows_dropped']}")
     if c.get("steps_rejoined"):
         t.add_row("steps that held the separator, rejoined with a space", str(c["steps_rejoined"]))
     if c.get("converter_drops_first_step"):
