@@ -10,13 +10,16 @@ local folder as it was:
 3. check that ``datasets.load_dataset(<staging folder>)`` — the card's ``configs`` decide the splits —
    loads every split with its row count and the features the card declares;
 4. ``--dry-run``: put the card and figures into FOLDER and print what would be uploaded. Otherwise
-   upload with ``huggingface_hub``: ``create_repo(exist_ok=True)``, then one ``upload_folder`` commit
-   that also deletes stale files under ``data/`` and ``images/`` (a shard of an older export with more
-   files, or of another schema), retried with exponential backoff on HTTP 412 (a concurrent commit),
-   429 and 5xx and on connection errors, up to ``--max-retries`` times; 401/403/404 fail at once
-   (case ``hub-parallel-commits-412``). The token comes from ``HF_TOKEN`` (else the user's saved
-   login), the endpoint from ``--endpoint`` or ``HF_ENDPOINT``. After the commit the card and figures are
-   put into FOLDER.
+   upload with ``huggingface_hub``: ``create_repo(exist_ok=True)``, then read the repository's head, its
+   files and card, merge the card with the subsets (``--config``) it holds
+   (:mod:`stepkit.stages.card_merge`), and make one ``create_commit`` naming that head as its parent
+   commit: the subset's files added, its stale files (under ``data/`` and ``images/``, or ``data/NAME/``
+   and ``images/NAME/``) deleted, other subsets untouched. HTTP 412 (another commit landed first) plans
+   the commit again on the new head, with one line, up to ``--max-retries`` times; 429, 5xx and
+   connection errors are retried with exponential backoff; 401/403/404 fail at once (case
+   ``hub-parallel-commits-412``). The token comes from ``HF_TOKEN`` (else the user's saved login), the
+   endpoint from ``--endpoint`` or ``HF_ENDPOINT``. After the commit the card and figures are put into
+   FOLDER.
 """
 
 from __future__ import annotations
