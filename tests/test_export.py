@@ -63,7 +63,7 @@ def test_case_soft_labels_never_truncated_by_the_trainer(tmp_path, cases):
     assert m["label_rule"] == "hard labels: value > 0.5 of the step values `mc_value` (kept as soft_labels)"
     # soft: the float values survive, typed float32, and the CLI warns about int()
     p = run_cli("export", inp, tmp_path / "soft", "--labels", "mc_value", "--soft")
-    assert "PRMTrainer converts each label with int()" in p.stderr
+    assert "PRMTrainer (trl <= 1.13.0, trl.experimental.prm; later trl has none) converts each label with int()" in p.stderr
     soft = load(tmp_path / "soft")
     assert soft.features["labels"] == datasets.List(datasets.Value("float32"))
     assert soft[0]["labels"] == [1.0, 0.75, 0.125]
@@ -140,9 +140,9 @@ def test_pairs_from_an_mcts_pairs_shard(tmp_path):
         ExportConfig(format="pairs", labels="x")
     export(inp, tmp_path / "dpo", ExportConfig(format="pairs"))
     d = load(tmp_path / "dpo")[0]
-    # the shard states no separator: the format's \n, after the prompt and every prefix step too
-    assert d["prompt"] == "Q?\n" + steps[0] + "\n" and d["chosen"] == "\n".join(steps[1:3])
-    assert d["rejected"] == "A wrong step." and d["chosen_value"] == 0.75
+    # the shard states no separator: the format's \n, between the prompt and each step, opening each side
+    assert d["prompt"] == "Q?\n" + steps[0] and d["chosen"] == "\n" + "\n".join(steps[1:3])
+    assert d["rejected"] == "\nA wrong step." and d["chosen_value"] == 0.75
 
 
 def test_null_labels_drop_or_error_and_label_counts_checked(tmp_path):

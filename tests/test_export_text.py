@@ -144,3 +144,107 @@ def test_math_shepherd_refusals_in_one_line(shards, tmp_path):
                                                separator_in_step="rejoin", task="GSM8K"))
     with pytest.raises(ConfigError):
         ExportConfig(format="math-shepherd", labels="x", task="mine")
+
+
+def test_the_rows_separator_is_the_exports_and_is_written_everywhere(shards, tmp_path):
+    out = tmp_path / "trl"
+    r = ok("export", shards / "pb-math.parquet", out, "--labels", "reference_first_error")
+    assert "'\\n\\n' (the rows' own)" in r.output
+    m = json.loads((out / "stepkit.manifest.json").read_text())
+    assert m["step_separator"] == {"value": "\n\n", "from": "rows", "rows_joined_otherwise": 0}
+    meta = pq.read_schema(out / m["splits"]["train"]["files"][0]).metadata
+    assert json.loads(meta[b"stepkit.export"]) == {"format": "trl", "step_separator": "\n\n"}
+    assert load(out).features["labels"] == datasets.List(datasets.Value("bool"))  # the metadata changes no feature
+
+
+def test_a_folder_whose_rows_disagree_is_refused_or_normalised(shards, tmp_path):
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    ok("ingest", "gsm8k-solutions", DATA / "gsm8k" / "example_model_solutions.jsonl", mixed / "a.parquet",
+       "--limit", "1", "--generator", "175b_verification")
+    t = pq.read_table(mixed / "a.parquet")  # GSM8K lines: separator \n; no step labels: labelled by outcome here
+    n = [len(s) for s in t.column("steps").to_pylist()]
+    first = [-1 if ok_ else k - 1 for ok_, k in zip(t.column("outcome_correct").to_pylist(), n)]
+    pq.write_table(t.append_column("first_error", pa.array(first, pa.int32())), mixed / "a.parquet")
+    pb = pq.read_table(shards / "pb-gsm8k.parquet")
+    pq.write_table(pb.append_column("first_error", pb.column("reference_first_error")), mixed / "b.parquet")
+    r = invoke("export", mixed, tmp_path / "x", "--labels", "first_error")
+    assert r.exit_code == 1 and len(r.output.strip().splitlines()) == 1
+    assert "the rows' step separators disagree ('\\n\\n' in 4 row(s), '\\n' in 1 row(s))" in r.output
+    assert not (tmp_path / "x").exists()
+    # normalised to \n: the ProcessBench steps that hold a newline are refused, naming the row and step ...
+    r = invoke("export", mixed, tmp_path / "x", "--labels", "first_error", "--step-separator", "\\n")
+    assert r.exit_code == 1 and "b.parquet: row" in r.output and "holds the step separator '\\n'" in r.output
+    # ... or rejoined, counted; never merged silently
+    ok("export", mixed, tmp_path / "x", "--labels", "first_error", "--step-separator", "\\n",
+       "--separator-in-step", "rejoin")
+    m = json.loads((tmp_path / "x" / "stepkit.manifest.json").read_text())
+    assert m["step_separator"] == {"value": "\n", "from": "option", "rows_joined_otherwise": 4}
+    rows = load(tmp_path / "x")
+    assert m["counts"]["steps_rejoined"] == sum("\n" in s.strip() for r in pb.to_pylist() for s in r["steps"]) > 0
+    assert not any("\n" in c for r in rows for c in r["completions"])
+    with pytest.raises(ConfigError, match="--step-separator ''"):
+        ExportConfig(labels="x", step_separator="")
+
+
+@pytest.fixture(scope="module")
+def pairs(tmp_path_factory):
+    """Real step preference pairs: ProcessBench math problems with a correct solution (human label -1, final
+    answer correct) and an erroneous one; chosen = the correct one's first two steps (value 1), rejected = the
+    erroneous one's steps up to its first wrong step (value 0), steps joined by blank lines."""
+    from stepkit.stages.mcts_label import PAIR_SCHEMA
+
+    data = json.loads((DATA / "processbench" / "math.json").read_text())
+    by_problem: dict[str, list[dict]] = {}
+    for d in data:
+        by_problem.setdefault(d["problem"], []).append(d)
+    rows = []
+    for problem, ds in by_problem.items():
+        good = [d for d in ds if d["label"] == -1 and d["final_answer_correct"]]
+        bad = [d for d in ds if d["label"] >= 0]
+        if good and bad and len(problem) < 400:
+            rows.append({"problem_id": good[0]["id"], "prompt": problem, "node_id": "root", "prefix_steps": [],
+                         "chosen": good[0]["steps"][:2], "rejected": bad[0]["steps"][:bad[0]["label"] + 1],
+                         "chosen_node_id": good[0]["id"], "rejected_node_id": bad[0]["id"], "chosen_value": 1.0,
+                         "rejected_value": 0.0, "step_separator": "\n\n"})
+        if len(rows) == 4:
+            break
+    path = tmp_path_factory.mktemp("pairs") / "pairs.parquet"
+    pq.write_table(pa.Table.from_pylist(rows, schema=PAIR_SCHEMA), path)
+    out = path.parent / "dpo"
+    ok("export", path, out, "--format", "pairs")
+    return rows, out
+
+
+def test_pairs_carry_the_rows_separator_between_prompt_and_step(pairs):
+    rows, out = pairs
+    ds = load(out)
+    for row, rec in zip(rows, ds):
+        assert rec["prompt"] == row["prompt"].rstrip()
+        assert rec["chosen"] == "\n\n" + "\n\n".join(row["chosen"])
+        assert rec["prompt"] + rec["chosen"] == "\n\n".join([row["prompt"].rstrip(), *row["chosen"]])
+    m = json.loads((out / "stepkit.manifest.json").read_text())
+    assert m["step_separator"]["value"] == "\n\n" and m["step_separator"]["from"] == "rows"
+
+
+def test_pairs_tokenise_as_the_dpo_and_reward_trainers_read_them(pairs):
+    """TRL's DPO trainer tokenises prompt and prompt + completion and keeps the prompt only if its tokens are a
+    prefix of the joint ones; the reward trainer tokenises prompt + chosen. With the bundled model's tokeniser
+    the separator opening the completion passes; the same separator ending the prompt does not."""
+    from transformers import AutoTokenizer
+
+    from stepkit.models import model_dir
+
+    if not (model_dir("smollm2-135m") / "tokenizer.json").is_file():
+        pytest.skip("the bundled model is not prepared (make model)")
+    tok = AutoTokenizer.from_pretrained(model_dir("smollm2-135m"))
+    _, out = pairs
+    for rec in load(out):
+        for side in ("chosen", "rejected"):
+            prompt_ids = tok(rec["prompt"])["input_ids"]
+            joint = tok(rec["prompt"] + rec[side])["input_ids"]
+            assert joint[:len(prompt_ids)] == prompt_ids
+            assert tok.decode(joint) == rec["prompt"] + rec[side]
+            moved = tok(rec["prompt"] + "\n\n")["input_ids"]  # the separator at the prompt's end instead
+            assert tok(rec["prompt"] + rec[side])["input_ids"][:len(moved)] != moved
+

@@ -587,7 +587,8 @@ def test_clue_score_readers_fuzz(checker, case, clues):
 EXPORTS = [("trl", "mc_label"), ("trl", "mc_value"), ("trl", "mc_first_error"), ("math-shepherd", "judge_label"),
            ("processbench", "mc_first_error"), ("processbench", "mc_label")]
 EXPORT_CLEAN_OK = ["split would have no rows", "steps were cut by filter rule", "nothing left to train on",
-                   "holds Math-Shepherd's step tag"]
+                   "Math-Shepherd's step tag", "Math-Shepherd's first step marker", "cannot tell GSM8K from MATH",
+                   "step separators disagree", "holds the step separator"]
 
 
 @settings(FUZZ, max_examples=max(1, EXAMPLES * 5 // 8))

@@ -7,8 +7,9 @@ import click
 from stepkit.options import click_options, from_params
 from stepkit.stages.export import ExportConfig
 
-SOFT_WARNING = ("warning: TRL's PRMTrainer converts each label with int(), so soft labels such as 0.75 train as 0; "
-                "use these labels with a trainer that reads floats, or export hard labels (--threshold X)")
+SOFT_WARNING = ("warning: TRL's PRMTrainer (trl <= 1.13.0, trl.experimental.prm; later trl has none) converts each "
+                "label with int(), so soft labels such as 0.75 train as 0 there; use these labels with a trainer that "
+                "reads floats, or export hard labels (--threshold X)")
 
 
 @click.command("export")
@@ -54,6 +55,14 @@ def command(inp, out, force, **kw):
     t.add_row("rows in / out", f"{c['rows_in']} / {c['rows_out']}")
     t.add_row("dropped: null labels", str(c["null_labels"]))
     t.add_row("left out: flagged by filter --flag-only", str(c.get("filtered", 0)))
+    tl = m.get("token_lengths")
+    if tl:
+        t.add_row(f"tokens per row ({tl['tokenizer']})", f"min {tl['min']}, median {tl['median']}, p95 {tl['p95']}, "
+                                                         f"max {tl['max']}")
+        if tl["max_length"] is not None:
+            cut = tl["labels_cut"]
+            t.add_row(f"over --max-length {tl['max_length']}", f"{tl['rows_over']} row(s); labels a trainer with this "
+                      f"limit drops: {cut['true']} correct, {cut['false']} wrong; rows dropped: {tl['rows_dropped']}")
     if c.get("steps_rejoined"):
         t.add_row("steps that held the separator, rejoined with a space", str(c["steps_rejoined"]))
     if c.get("converter_drops_first_step"):

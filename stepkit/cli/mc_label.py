@@ -40,12 +40,18 @@ def _mc_tables(rows, console, figs, shards):
     status = Counter(r.get("mc_status") for r in rows)
     figs["mc_status"] = dict(status)
     by_pos: dict[int, list[float]] = {}
+    no_signal = sum(r.get("mc_status") == "no_signal" for r in rows)
     for r in rows:
+        if r.get("mc_status") == "no_signal":  # nothing succeeded: its zeros say nothing about the steps
+            continue
         for s, v in enumerate(r.get("mc_value") or []):
             # the last value is the graded outcome (unless filter cut the steps before the answer)
             if v is not None and (s < len(r["steps"]) - 1 or r.get("filter_cut_by")):
                 by_pos.setdefault(s, []).append(v)
-    t = Table(title="MC value by step position (estimated prefixes; last step = outcome excluded)")
+    left_out = f"; {no_signal} no_signal row(s) left out" if no_signal else ""
+    t = Table(title=f"MC value by step position (estimated prefixes of rows with a signal; last step = outcome "
+                    f"excluded{left_out})")
+    figs["value_by_position_rows_left_out"] = no_signal
     for c in ("step", "n", "mean value", "share == 0", "share == 1"):
         t.add_column(c, justify="right")
     figs["value_by_position"] = {}

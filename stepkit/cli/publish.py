@@ -25,7 +25,7 @@ def command(folder, **kw):
     from stepkit.stages.publish import publish
 
     cfg = from_params(PublishConfig, kw)
-    report = publish(folder, cfg)
+    report = publish(folder, cfg, log=lambda line: click.echo(line, err=True))
     t = Table(title=f"publish {folder} -> {cfg.repo_id or '(dry run)'}")
     t.add_column("file")
     t.add_column("bytes", justify="right")
@@ -39,4 +39,5 @@ def command(folder, **kw):
                       f"{' and report.html' if report['report'] else ''} written there; "
                       f"nothing uploaded" + (f" (would go to {cfg.repo_id})" if cfg.repo_id else ""))
     else:
-        console.print(f"published {cfg.repo_id} ({rows}), commit {report['commit']}")
+        subset = "" if cfg.config == "default" else f" subset {cfg.config}"
+        console.print(f"published {cfg.repo_id}{subset} ({rows}), commit {report['commit']}")

@@ -21,11 +21,11 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from stepkit.errors import ConfigError
+from stepkit.stages import card_sources
 
 TEMPLATE = "prm-dataset.md"
 IMAGES = {"value": "images/value_by_step.png", "first_error": "images/first_error_histogram.png",
           "margin": "images/pair_margin_histogram.png"}
-LICENSES = {"gsm8k": "mit", "gsm8k-solutions": "mit"}  # from ../shared/data/README.md: GSM8K is MIT
 
 
 def template_path() -> Path:
@@ -150,8 +150,9 @@ def label_stats(folder: Path, splits: dict[str, list[str]], fmt: str) -> dict[st
             "value_label": "mean soft label" if soft else "share of steps labelled correct"}
 
 
-def draw_figures(stats: dict[str, Any], folder: Path, title: str) -> list[str]:
-    """Write the two PNGs into ``folder/images``; returns the paths written (relative to ``folder``)."""
+def draw_figures(stats: dict[str, Any], folder: Path, title: str, config: str = "default") -> list[str]:
+    """Write the PNGs into ``folder/images`` (a subset's into ``images/<config>/``); returns the paths
+    written (relative to ``folder``)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -159,7 +160,8 @@ def draw_figures(stats: dict[str, Any], folder: Path, title: str) -> list[str]:
     from matplotlib.ticker import MaxNLocator
 
     written = []
-    (folder / "images").mkdir(parents=True, exist_ok=True)
+    paths = {k: v if config == "default" else v.replace("images/", f"images/{config}/") for k, v in IMAGES.items()}
+    (folder / paths["value"]).parent.mkdir(parents=True, exist_ok=True)
     pos = stats["value_by_position"]
     if pos:
         xs = list(pos)
@@ -180,9 +182,9 @@ def draw_figures(stats: dict[str, Any], folder: Path, title: str) -> list[str]:
         ax.set_zorder(ax2.get_zorder() + 1)
         ax.patch.set_visible(False)
         fig.tight_layout()
-        fig.savefig(folder / IMAGES["value"])
+        fig.savefig(folder / paths["value"])
         plt.close(fig)
-        written.append(IMAGES["value"])
+        written.append(paths["value"])
     hist = stats["first_error_histogram"]
     if hist:
         keys = list(range(-1, max(hist) + 1))
@@ -194,9 +196,9 @@ def draw_figures(stats: dict[str, Any], folder: Path, title: str) -> list[str]:
         ax.yaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_title(f"{title}: first-error histogram")
         fig.tight_layout()
-        fig.savefig(folder / IMAGES["first_error"])
+        fig.savefig(folder / paths["first_error"])
         plt.close(fig)
-        written.append(IMAGES["first_error"])
+        written.append(paths["first_error"])
     if stats.get("margins"):
         fig, ax = plt.subplots(figsize=(7, 3.6), dpi=110)
         ax.hist(stats["margins"], bins=min(20, max(5, len(stats["margins"]) // 5)), color="#2a6fdb")
@@ -205,9 +207,9 @@ def draw_figures(stats: dict[str, Any], folder: Path, title: str) -> list[str]:
         ax.set_title(f"{title}: value margin of the preference pairs")
         ax.yaxis.set_major_locator(MaxNLocator(integer=True))
         fig.tight_layout()
-        fig.savefig(folder / IMAGES["margin"])
+        fig.savefig(folder / paths["margin"])
         plt.close(fig)
-        written.append(IMAGES["margin"])
+        written.append(paths["margin"])
     return written
 
 
@@ -241,40 +243,52 @@ def features_yaml(folder: Path, files: list[str]) -> list[dict]:
 
 
 def render_card(folder: Path, export_manifest: dict, splits: dict[str, list[str]], repo_id: str,
-                license: str | None, images: list[str], stats: dict[str, Any], report: bool = False) -> str:
-    """The README.md text: YAML front matter (configs, features, license, tags, size) and the body (with a
-    link to ``report.html`` when ``report``)."""
+                license: str | None, images: list[str], stats: dict[str, Any], config: str = "default",
+                pretty_name: str | None = None, lineage_file: str = "lineage.json", report: str | None = None) -> str:
+    """The README.md text of one subset (``config``; its files under ``data/`` or ``data/<config>/``): YAML
+    front matter (configs, features, license, tags, size) and the body, the subset's section between its
+    markers (:mod:`stepkit.stages.card_merge` merges it with the repository's other subsets), with a link
+    to the report page ``report`` (its file name) when given."""
     from huggingface_hub import DatasetCard, DatasetCardData
 
-    stages = lineage(export_manifest)
+    stages = [{**s, "config": card_sources.applicable(s["stage"], s["config"])} for s in lineage(export_manifest)]
     fmt = export_manifest["config"]["format"]
-    first_format = next((s["config"].get("format") for s in stages if s["stage"] == "ingest"), None)
+    keys = card_sources.sources(export_manifest)
+    known = [card_sources.SOURCES[k] for k in keys if k in card_sources.SOURCES]
+    methods = [card_sources.METHODS[s] for s in dict.fromkeys(st["stage"] for st in stages) if s in card_sources.METHODS]
     n_rows = sum(pq.ParquetFile(folder / f).metadata.num_rows for fs in splits.values() for f in fs)
     split_rows = {s: sum(pq.ParquetFile(folder / f).metadata.num_rows for f in fs) for s, fs in splits.items()}
     split_bytes = {s: sum(pq.ParquetFile(folder / f).metadata.row_group(i).total_byte_size for f in fs
                           for i in range(pq.ParquetFile(folder / f).metadata.num_row_groups)) for s, fs in splits.items()}
     files = [f for fs in splits.values() for f in fs]
     card_data = DatasetCardData(
-        license=license or LICENSES.get(first_format, "unknown"),
+        license=card_sources.card_license(keys, license),
+        source_datasets=[k["hub"] for k in known] or None,
         task_categories=["text-generation"] if fmt == "pairs" else ["text-classification"],
         tags=["process-reward-model", "step-labels", "stepkit",
               *({"trl": ["trl"], "pairs": ["dpo"], "messages": ["agent", "tool-calling", "conversational"]}
                 .get(fmt, [fmt]))],
         size_categories=size_category(n_rows),
-        pretty_name=repo_id.split("/")[-1],
-        configs=[{"config_name": "default",
-                  "data_files": [{"split": s, "path": f"data/{s}-*.parquet"} for s in splits]}],
-        dataset_info={"features": features_yaml(folder, files),
+        pretty_name=pretty_name or repo_id.split("/")[-1],
+        configs=[{"config_name": config,
+                  "data_files": [{"split": s, "path": f"data/{'' if config == 'default' else config + '/'}{s}-*.parquet"}
+                                 for s in splits]}],
+        dataset_info={**({} if config == "default" else {"config_name": config}),
+                      "features": features_yaml(folder, files),
                       "splits": [{"name": s, "num_bytes": split_bytes[s], "num_examples": n}
                                  for s, n in split_rows.items()]},
     )
     filters = [s for s in stages if s["stage"] == "filter"]
     card = DatasetCard.from_template(
         card_data, template_path=str(template_path()), repo_id=repo_id, export=export_manifest, fmt=fmt,
-        stages=stages, filters=filters, split_rows=split_rows, stats=stats, images=images, report=report,
+        stages=stages, filters=filters, split_rows=split_rows, stats=stats, images=images, config=config,
+        pretty_name=pretty_name or repo_id.split("/")[-1], lineage_file=lineage_file, report=report,
         human=(export_manifest["config"].get("labels") or "").startswith("reference_"),
         truncated=any(r.startswith("truncate-after-first-error") for s in filters for r in _rules(s)),
         kept_correct=any(r.startswith("keep-correct-steps") for s in filters for r in _rules(s)),
+        sources=known, unknown_sources="?" in keys, methods=methods,
+        warnings=card_sources.read_before_use(stats, export_manifest, stages),
+        separator=(export_manifest.get("step_separator") or {}).get("value"),
     )
     return str(card)
 

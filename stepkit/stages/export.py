@@ -4,8 +4,10 @@ Formats (``FORMATS``), each with explicit ``datasets`` features (never inferred 
 
 * ``trl`` — TRL's stepwise supervision (``trl`` docs, "Dataset formats": ``prompt`` string,
   ``completions`` list of step strings, ``labels`` one per step). Hard labels are ``List(bool)``;
-  ``--soft`` writes ``List(float32)`` from a value column. TRL's ``PRMTrainer`` converts each label with
-  ``int()`` (so 0.75 trains as 0, case ``trl-prm-soft-labels-truncated``): hard labels from a value
+  ``--soft`` writes ``List(float32)`` from a value column. It is what TRL's ``PRMTrainer`` read (it exists
+  up to trl 1.13.0, in ``trl.experimental.prm``; later releases have none) and what ``stepkit train-prm``
+  reads. That trainer converts each label with ``int()`` (so 0.75 trains as 0, case
+  ``trl-prm-soft-labels-truncated``): hard labels from a value
   column follow a recorded rule, ``value > --threshold`` (default 0: Math-Shepherd's hard estimate; a
   score column on a scale of its own (declared ``scale="score"`` in the shard, :mod:`stepkit.columns`)
   needs it given and is never soft), and the values are kept beside them as ``soft_labels``. One dataset never mixes hard and soft labels.
@@ -60,6 +62,7 @@ import pyarrow.parquet as pq
 
 from stepkit import __version__
 from stepkit.errors import ConfigError, InputError, StepkitError
+from stepkit.grading.verdicts import labels_from_first_error
 from stepkit.options import Config, opt
 from stepkit.shards import (
     file_sha256,
@@ -100,6 +103,12 @@ class ExportConfig(Config):
                                  "input].", choices=export_text.TASKS)
     step_separator: str | None = opt(None, "How steps are joined into text (\\n, \\n\\n, ...) [default: the rows' "
                                            "own when they agree; math-shepherd: \\n].", metavar="SEP")
+    tokenizer: str | None = opt(None, "trl, processbench: count each row's tokens with this tokenizer (a folder, Hub "
+                                      "id or smollm2-135m), as a step-label trainer does.", metavar="M")
+    max_length: int | None = opt(None, "With --tokenizer: a trainer's token limit; the labels it would cut are "
+                                       "counted (by value).", min=1, metavar="N")
+    on_too_long: str = opt("keep", "A row over --max-length: keep it (counted), drop it (counted) or stop with an "
+                                   "error.", choices=("keep", "drop", "error"))
     separator_in_step: str = opt("error", "A step that holds the separator: stop with an error, or rejoin it "
                                           "(the separator inside it replaced by a space).", choices=("error", "rejoin"))
 
@@ -108,6 +117,10 @@ class ExportConfig(Config):
         if self.step_separator is not None:
             object.__setattr__(self, "step_separator", export_text.unescape(self.step_separator))
             export_text.check_separator_option(self.step_separator)
+        if (self.max_length is not None or self.on_too_long != "keep") and self.tokenizer is None:
+            raise ConfigError("--max-length and --on-too-long need --tokenizer M (the tokenizer the trainer uses)")
+        if self.tokenizer is not None and self.format not in ("trl", "processbench"):
+            raise ConfigError(f"--tokenizer is for --format trl or processbench (step labels), not {self.format}")
         if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_]*", self.split):
             raise ConfigError(f"--split {self.split!r}: a split name is letters, digits and _ (e.g. train)")
         if self.format == "pairs" and self.labels is not None:
@@ -194,6 +207,11 @@ def export(in_path: str | os.PathLike, out: str | os.PathLike, cfg: ExportConfig
     else:
         sep, sep_from = export_text.resolve_separator(cfg.step_separator, seps, cfg.format, in_path)
     conv.sep = sep
+    tokens = None
+    if cfg.tokenizer is not None:
+        from stepkit.stages.export_tokens import TokenCounter
+
+        tokens = TokenCounter(cfg.tokenizer, cfg.max_length, cfg.on_too_long)
     separator = {"value": sep, "from": sep_from,
                  "rows_joined_otherwise": sum(n for x, n in seps.items() if None not in (x, sep) and x != sep)}
     features = features_for(cfg, conv.kind)
@@ -233,9 +251,20 @@ def export(in_path: str | os.PathLike, out: str | os.PathLike, cfg: ExportConfig
                                              row=first + j, column=cfg.labels or "chosen")
                         counts["null_labels"] += 1
                         continue
+                    if tokens is not None:
+                        prompt, steps = (rec["prompt"], rec["completions"]) if cfg.format == "trl" else \
+                            (rec["problem"], rec["steps"])
+                        labels = rec["labels"] if cfg.format == "trl" else labels_from_first_error(rec["label"],
+                                                                                                   len(steps))
+                        if not tokens.check(prompt, steps, labels, sep, p, first + j):
+                            counts["too_long"] = counts.get("too_long", 0) + 1  # --on-too-long drop
+                            continue
                     split = ("test" if row.get(key) in test else "train") if cfg.test_size is not None else cfg.split
                     buffers[split].append(rec)
                     counts["rows_out"] += 1
+                    if row.get("mc_value_start") is not None:  # how often the labelling model solves the problem
+                        counts["v0_rows"] = counts.get("v0_rows", 0) + 1
+                        counts["v0_sum"] = round(counts.get("v0_sum", 0.0) + row["mc_value_start"], 6)
                     labels = rec.get("labels")
                     if cfg.format == "pairs" and None not in (rec["chosen_value"], rec["rejected_value"]) \
                             and rec["chosen_value"] <= rec["rejected_value"]:
@@ -281,6 +310,7 @@ def export(in_path: str | os.PathLike, out: str | os.PathLike, cfg: ExportConfig
             "splits": {s: {"rows": split_rows[s], "files": data_files[s],
                            "sha256": {f: file_sha256(tmp / f) for f in data_files[s]}} for s in splits},
             "counts": {**counts, **conv.counts}, "features": features.to_dict(), "step_separator": separator,
+            **({"token_lengths": tokens.report()} if tokens is not None else {}),
             **({"dropped_message_keys": dict(sorted(conv.dropped_keys.items()))} if cfg.format == "messages" else {}),
             "inputs": [{"path": str(p), "sha256": h, "manifest": read_manifest(p)} for p, h in zip(shards, hashes)],
         }

@@ -153,12 +153,14 @@ def checked_steps(steps: list[str], sep: str, mode: str, path: Path, i: int, col
 
 
 def pair_texts(row: dict, sep: str) -> tuple[str, str, str]:
-    """``(prompt, chosen, rejected)`` of a preference pair: the problem and the shared prefix steps, each
-    followed by the separator (so ``prompt + chosen`` is the solution text as the steps' own separator joins
-    it, which is how TRL's DPO and reward trainers read a pair: the prompt's tokens, then the completion's),
-    and each side's steps joined by it."""
-    prompt = "".join(x + sep for x in [row["prompt"].rstrip(), *(row.get("prefix_steps") or [])])
-    return prompt, sep.join(row["chosen"]), sep.join(row["rejected"])
+    """``(prompt, chosen, rejected)`` of a preference pair: the problem and the shared prefix steps joined by
+    the separator; each side's steps joined by it, *starting* with it, so ``prompt + chosen`` is the solution
+    text as the steps' own separator joins it. The separator opens the completion, not ends the prompt, as
+    TRL's trainers read a pair: the reward trainer tokenises ``prompt + chosen``, the DPO trainer checks that
+    the prompt's tokens are a prefix of the tokens of ``prompt + chosen`` (a BPE tokeniser splits a trailing
+    ``\n\n`` differently from one followed by text, and TRL then cuts it from the prompt with a warning)."""
+    prompt = sep.join([row["prompt"].rstrip(), *(row.get("prefix_steps") or [])])
+    return prompt, sep + sep.join(row["chosen"]), sep + sep.join(row["rejected"])
 
 
 def check_separator_option(sep: str | None) -> None:

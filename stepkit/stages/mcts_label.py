@@ -142,6 +142,7 @@ PAIR_SCHEMA = pa.schema([  # --pairs-out: step preference pairs (two children of
     pa.field("chosen_successes", pa.int32()),
     pa.field("rejected_rollouts", pa.int32()),
     pa.field("rejected_successes", pa.int32()),
+    pa.field("step_separator", pa.string()),  # how the steps join into text (the tree's): export writes pairs with it
 ])
 _EMPTY = {c.name: None for c in COLUMNS}
 
@@ -460,7 +461,8 @@ class MCTSLabelStage(EngineStage):
                                 "chosen_node_id": node_id[good], "rejected_node_id": node_id[worse],
                                 "chosen_value": values[good], "rejected_value": values[worse],
                                 "chosen_rollouts": len(good.rollouts), "chosen_successes": good.successes,
-                                "rejected_rollouts": len(worse.rollouts), "rejected_successes": worse.successes})
+                                "rejected_rollouts": len(worse.rollouts), "rejected_successes": worse.successes,
+                                "step_separator": tree.sep})
         return out
 
 

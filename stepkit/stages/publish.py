@@ -11,18 +11,24 @@ local folder as it was:
 3. check that ``datasets.load_dataset(<staging folder>)`` — the card's ``configs`` decide the splits —
    loads every split with its row count and the features the card declares;
 4. ``--dry-run``: put the card and figures into FOLDER and print what would be uploaded. Otherwise
-   upload with ``huggingface_hub``: ``create_repo(exist_ok=True)``, then one ``upload_folder`` commit
-   that also deletes stale files under ``data/`` and ``images/`` (a shard of an older export with more
-   files, or of another schema), retried with exponential backoff on HTTP 412 (a concurrent commit),
-   429 and 5xx and on connection errors, up to ``--max-retries`` times; 401/403/404 fail at once
-   (case ``hub-parallel-commits-412``). The token comes from ``HF_TOKEN`` (else the user's saved
-   login), the endpoint from ``--endpoint`` or ``HF_ENDPOINT``. After the commit the card and figures are
-   put into FOLDER (with ``--no-report``, an older ``report.html`` is removed from FOLDER and the repository).
+   upload with ``huggingface_hub``: ``create_repo(exist_ok=True)``, then read the repository's head, its
+   files and card, merge the card with the subsets (``--config``) it holds
+   (:mod:`stepkit.stages.card_merge`), and make one ``create_commit`` naming that head as its parent
+   commit: the subset's files added, its stale files (under ``data/`` and ``images/``, or ``data/NAME/``
+   and ``images/NAME/``) deleted, other subsets untouched. HTTP 412 (another commit landed first) plans
+   the commit again on the new head, with one line, up to ``--max-retries`` times; 429, 5xx and
+   connection errors are retried with exponential backoff; 401/403/404 fail at once (case
+   ``hub-parallel-commits-412``). The token comes from ``HF_TOKEN`` (else the user's saved login), the
+   endpoint from ``--endpoint`` or ``HF_ENDPOINT``. After the commit the card, figures and report are put
+   into FOLDER. The report (``report.html``, ``report-NAME.html`` for a subset; :mod:`stepkit.stages.report`)
+   is the subset's own file like its data: with ``--no-report`` an older one is removed from FOLDER and the
+   repository.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import time
 from dataclasses import dataclass
@@ -35,12 +41,11 @@ import pyarrow.parquet as pq
 from stepkit.errors import ConfigError, StepkitError
 from stepkit.options import Config, opt
 from stepkit.shards import file_sha256, remove_stale, write_json
-from stepkit.stages import dataset_card
+from stepkit.stages import card_merge, dataset_card
 from stepkit.stages.export import MANIFEST, read_export_manifest
 
 RETRY_STATUS = {408, 412, 429, 500, 502, 503, 504}
 MAX_WAIT = 300.0  # seconds: the longest wait before a retry, whatever a Retry-After header asks
-UPLOADED = ("README.md", "lineage.json", "report.html", "data/*", "images/*")  # the rest of FOLDER stays local (manifest, caches)
 
 
 @dataclass(frozen=True)
@@ -52,6 +57,10 @@ class PublishConfig(Config):
     private: bool = opt(False, "Create the repository as private.")
     endpoint: str | None = opt(None, "Hub endpoint URL (default: HF_ENDPOINT, else the public Hub).")
     license: str | None = opt(None, "The card's license id (default: from the source data when known, else unknown).")
+    config: str = opt("default", "The subset (config) this folder is: its files go to data/NAME/, its own configs: "
+                                 "entry and card section, merged with the subsets already on the repository.",
+                      metavar="NAME")
+    pretty_name: str | None = opt(None, "The card's title [default: the repository's name].")
     commit_message: str | None = opt(None, "The commit message (default: 'stepkit publish: N rows, format F').")
     max_retries: int = opt(5, "Retries of a commit on 412 / 429 / 5xx / connection errors.", min=0, max=50)
     report: bool = opt(True, "Add report.html (stepkit report over the folder: one self-contained page to browse the "
@@ -61,6 +70,9 @@ class PublishConfig(Config):
 
     def __post_init__(self):
         super().__post_init__()
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", self.config):
+            raise ConfigError(f"--config {self.config!r}: a subset name is letters, digits, '_', '.' and '-' "
+                              "(e.g. gsm8k)")
         if self.repo_id is None and not self.dry_run:
             raise ConfigError("give --repo-id ORG/NAME, or --dry-run to check the folder without uploading")
         if self.repo_id is not None:
@@ -110,19 +122,36 @@ def _splits(folder: Path, manifest: dict) -> dict[str, list[str]]:
     return splits
 
 
-def _stage(folder: Path, splits: dict[str, list[str]]) -> Path:
+def data_prefix(config: str) -> str:
+    """Where a subset's files go in the repository: ``data/`` (``default``) or ``data/<config>/``."""
+    return "data/" if config == "default" else f"data/{config}/"
+
+
+def owned(path: str, config: str) -> bool:
+    """Whether a repository file is the subset's own (its data files, figures, lineage and report page), replaced
+    on publish."""
+    if config == "default":
+        return bool(re.fullmatch(r"(data|images)/[^/]+|lineage\.json|report\.html", path))
+    return path.startswith((f"data/{config}/", f"images/{config}/")) or path in (f"lineage-{config}.json",
+                                                                                f"report-{config}.html")
+
+
+def _stage(folder: Path, splits: dict[str, list[str]], config: str) -> tuple[Path, dict[str, list[str]]]:
+    """A staging folder beside FOLDER holding the data files where the repository keeps them; returns it and
+    the splits' files by their repository paths."""
     staging = folder.with_name(f".{folder.name}.publish-{os.getpid()}")
     shutil.rmtree(staging, ignore_errors=True)
-    (staging / "data").mkdir(parents=True)
-    for f in (f for fs in splits.values() for f in fs):
+    (staging / data_prefix(config)).mkdir(parents=True)
+    staged = {s: [data_prefix(config) + Path(f).name for f in fs] for s, fs in splits.items()}
+    for f, g in zip((f for fs in splits.values() for f in fs), (g for gs in staged.values() for g in gs)):
         try:
-            os.link(folder / f, staging / f)
+            os.link(folder / f, staging / g)
         except OSError:
-            shutil.copy2(folder / f, staging / f)
-    return staging
+            shutil.copy2(folder / f, staging / g)
+    return staging, staged
 
 
-def check_loads(folder: Path, splits: dict[str, list[str]]) -> dict[str, int]:
+def check_loads(folder: Path, splits: dict[str, list[str]], config: str = "default") -> dict[str, int]:
     """``datasets.load_dataset(folder)`` as a Hub user would: every split, its rows and the card's features.
 
     Raises:
@@ -134,14 +163,17 @@ def check_loads(folder: Path, splits: dict[str, list[str]]) -> dict[str, int]:
     disable_progress_bar()
     cache = folder / ".cache"
     try:
-        ds = datasets.load_dataset(str(folder), cache_dir=str(cache))
+        ds = datasets.load_dataset(str(folder), None if config == "default" else config, cache_dir=str(cache))
     except Exception as e:  # noqa: BLE001 - datasets raises many kinds; each is one line here
         raise StepkitError(f"{folder}: datasets cannot load the folder ({type(e).__name__}: {str(e).splitlines()[0]})") from None
     finally:
         shutil.rmtree(cache, ignore_errors=True)
     from huggingface_hub import DatasetCard
 
-    yaml_features = (DatasetCard.load(folder / "README.md").data.to_dict().get("dataset_info") or {}).get("features")
+    info = DatasetCard.load(folder / "README.md").data.to_dict().get("dataset_info") or {}
+    if isinstance(info, list):
+        info = next((i for i in info if i.get("config_name") == config), {})
+    yaml_features = info.get("features")
     declared = datasets.Features._from_yaml_list(yaml_features) if yaml_features else None
     rows = {}
     for s, files in splits.items():
@@ -181,8 +213,9 @@ def _is_transport_error(e: Exception) -> bool:
                                                                       "requests", "urllib3")
 
 
-def with_retries(call, what: str, cfg: PublishConfig, endpoint: str, sleep=None):
-    """Run ``call()``; retry on HTTP 408/412/429/5xx and connection errors with exponential backoff.
+def with_retries(call, what: str, cfg: PublishConfig, endpoint: str, sleep=None, passthrough=frozenset()):
+    """Run ``call()``; retry on HTTP 408/412/429/5xx and connection errors with exponential backoff; an HTTP
+    error whose status is in ``passthrough`` is raised as it is (the caller handles it).
 
     Raises:
         StepkitError: one line naming ``what``, the endpoint and the status; at once for other HTTP
@@ -196,6 +229,8 @@ def with_retries(call, what: str, cfg: PublishConfig, endpoint: str, sleep=None)
             return call()
         except HfHubHTTPError as e:
             status = _status(e)
+            if status in passthrough:
+                raise
             msg = (getattr(e, "server_message", None) or str(e)).splitlines()[0][:200]
             if status in (401, 403):
                 raise StepkitError(f"{endpoint}: {what} refused (HTTP {status}): the token in HF_TOKEN is missing, "
@@ -229,56 +264,68 @@ def publish(folder: str | os.PathLike, cfg: PublishConfig, log=print) -> dict[st
     if manifest is None:
         raise ConfigError(f"{folder}: not a stepkit export folder (no readable {MANIFEST}); run stepkit export first")
     splits = _splits(folder, manifest)
-    staging = _stage(folder, splits)
+    staging, staged = _stage(folder, splits, cfg.config)
+    lineage_file = "lineage.json" if cfg.config == "default" else f"lineage-{cfg.config}.json"
+    pretty = cfg.pretty_name or (cfg.repo_id or folder.name).split("/")[-1]
     try:
-        for f in (f for fs in splits.values() for f in fs):  # a damaged data file is one line, before anything
-            try:
-                pq.read_table(staging / f)
+        for f, g in zip((f for fs in splits.values() for f in fs), (g for gs in staged.values() for g in gs)):
+            try:  # a damaged data file is one line, before anything
+                pq.read_table(staging / g)
             except (pa.ArrowException, OSError) as e:
                 raise StepkitError(f"{folder / f}: not a readable Parquet file ({str(e).splitlines()[0][:160]}); "
                                    "re-export the folder") from None
-        stats = dataset_card.label_stats(staging, splits, manifest["config"]["format"])
-        images = dataset_card.draw_figures(stats, staging, (cfg.repo_id or folder.name).split("/")[-1])
-        made = _report(folder, staging, manifest, cfg)
-        card = dataset_card.render_card(staging, manifest, splits, cfg.repo_id or given, cfg.license,
-                                        images, stats, report=made)
+        stats = dataset_card.label_stats(staging, staged, manifest["config"]["format"])
+        images = dataset_card.draw_figures(stats, staging, pretty, cfg.config)
+        made = _report(folder, staging, manifest, cfg, pretty)
+        card = dataset_card.render_card(staging, manifest, staged, cfg.repo_id or given, cfg.license, images, stats,
+                                        cfg.config, pretty, lineage_file, report=made)
         (staging / "README.md").write_text(card)
-        write_json(staging / "lineage.json", dataset_card.public_lineage(manifest))
+        write_json(staging / lineage_file, dataset_card.public_lineage(manifest))
         try:
-            rows = check_loads(staging, splits)
+            rows = check_loads(staging, staged, cfg.config)
         except StepkitError as e:  # name the user's folder, not the staging copy
             raise StepkitError(str(e).replace(str(staging), str(folder))) from None
+        card = card_merge.merge(None, card, cfg.config, pretty)
+        (staging / "README.md").write_text(card)
         files = _upload_files(staging)
         report: dict[str, Any] = {"files": files, "splits": rows, "card": card, "images": images, "report": made}
         if not cfg.dry_run:
-            report["commit"] = _upload(staging, cfg, manifest, sum(rows.values()), made)
-        _install(staging, folder, images, made)
+            report["commit"], report["card"] = _upload(staging, cfg, manifest, sum(rows.values()), card, pretty, log)
+        _install(staging, folder, images, lineage_file, made, cfg.config)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return report
 
 
-def _report(folder: Path, staging: Path, manifest: dict, cfg: PublishConfig) -> bool:
-    """Write ``report.html`` (:mod:`stepkit.stages.report`, the default sample) over the export ``folder``
-    into ``staging``; False with ``--no-report`` and for preference pairs (no steps to show)."""
+def report_file(config: str) -> str:
+    """The subset's report page in the repository and FOLDER: ``report.html``, or ``report-NAME.html``."""
+    return "report.html" if config == "default" else f"report-{config}.html"
+
+
+def _report(folder: Path, staging: Path, manifest: dict, cfg: PublishConfig, title: str) -> str | None:
+    """Write the subset's report page (:mod:`stepkit.stages.report`, the default sample) over the export
+    ``folder`` into ``staging``; its file name, or None with ``--no-report`` and for preference pairs (no
+    steps to show)."""
     if not cfg.report or manifest["config"]["format"] == "pairs":
-        return False
+        return None
     from stepkit.stages.report import ReportConfig, write_report
 
-    write_report([str(folder)], ReportConfig(out=str(staging / "report.html"),
-                                             title=(cfg.repo_id or folder.name).split("/")[-1]))
-    return True
+    name = report_file(cfg.config)
+    write_report([str(folder)], ReportConfig(out=str(staging / name), title=title))
+    return name
 
 
-def _install(staging: Path, folder: Path, images: list[str], report: bool = False) -> None:
+def _install(staging: Path, folder: Path, images: list[str], lineage_file: str, report: str | None = None,
+             config: str = "default") -> None:
     """Put the card, figures and report into FOLDER (atomic per file), removing figures of an older publish
     (and its report when none was made)."""
-    for old in (folder / "images").glob("*.png") if (folder / "images").is_dir() else ():
-        if f"images/{old.name}" not in images:
-            old.unlink()
-    if not report:
-        (folder / "report.html").unlink(missing_ok=True)
-    for rel in ["README.md", "lineage.json", *images, *(["report.html"] if report else [])]:
+    for d in {Path(i).parent for i in images} | {Path("images")}:
+        for old in (folder / d).glob("*.png") if (folder / d).is_dir() else ():
+            if str(d / old.name) not in images:
+                old.unlink()
+    if report is None:
+        (folder / report_file(config)).unlink(missing_ok=True)
+    for rel in ["README.md", lineage_file, *images, *([report] if report else [])]:
         dst = folder / rel
         dst.parent.mkdir(parents=True, exist_ok=True)
         tmp = dst.with_name(f".{dst.name}.tmp-{os.getpid()}")
@@ -286,8 +333,14 @@ def _install(staging: Path, folder: Path, images: list[str], report: bool = Fals
         os.replace(tmp, dst)
 
 
-def _upload(staging: Path, cfg: PublishConfig, manifest: dict, n_rows: int, report: bool = False) -> str:
-    from huggingface_hub import HfApi, constants
+def _upload(staging: Path, cfg: PublishConfig, manifest: dict, n_rows: int, card: str, pretty: str,
+            log) -> tuple[str, str]:
+    """One commit of the staged subset on the repository's head, naming that head as its parent: the card
+    merged with the subsets the head holds, the subset's old files not in this export deleted. A commit that
+    finds another one landed first (HTTP 412) is planned again on the new head (one line) up to
+    ``--max-retries`` times. Returns (commit id, the card uploaded)."""
+    from huggingface_hub import CommitOperationAdd, CommitOperationDelete, HfApi, constants, hf_hub_download
+    from huggingface_hub.errors import HfHubHTTPError
     from huggingface_hub.utils import disable_progress_bars
 
     disable_progress_bars()  # stepkit prints its own summary of what was uploaded
@@ -300,12 +353,38 @@ def _upload(staging: Path, cfg: PublishConfig, manifest: dict, n_rows: int, repo
         raise StepkitError("HF_HUB_OFFLINE is set: huggingface_hub makes no network calls; unset it to publish "
                            "(or use --dry-run)")
     api = HfApi(endpoint=endpoint, token=os.environ.get("HF_TOKEN") or None)
-    with_retries(lambda: api.create_repo(cfg.repo_id, repo_type="dataset", private=cfg.private, exist_ok=True),
-                 f"creating {cfg.repo_id}", cfg, endpoint)
-    message = cfg.commit_message or f"stepkit publish: {n_rows} rows, format {manifest['config']['format']}"
-    info = with_retries(lambda: api.upload_folder(repo_id=cfg.repo_id, repo_type="dataset", folder_path=str(staging),
-                                                  commit_message=message, allow_patterns=list(UPLOADED),
-                                                  delete_patterns=["data/*", "images/*",
-                                                                   *([] if report else ["report.html"])]),
-                        f"the commit to {cfg.repo_id}", cfg, endpoint)
-    return getattr(info, "oid", None) or str(info)
+    repo = cfg.repo_id
+    with_retries(lambda: api.create_repo(repo, repo_type="dataset", private=cfg.private, exist_ok=True),
+                 f"creating {repo}", cfg, endpoint)
+    subset = "" if cfg.config == "default" else f", subset {cfg.config}"
+    message = cfg.commit_message or f"stepkit publish: {n_rows} rows, format {manifest['config']['format']}{subset}"
+    upload = [rel for rel, _ in _upload_files(staging)]
+    wait = cfg.retry_wait
+    for attempt in range(cfg.max_retries + 1):
+        head = with_retries(lambda: api.repo_info(repo, repo_type="dataset").sha, f"reading {repo}", cfg, endpoint)
+        on_hub = with_retries(lambda h=head: api.list_repo_files(repo, repo_type="dataset", revision=h),
+                              f"listing {repo}", cfg, endpoint)
+        old = None
+        if "README.md" in on_hub:
+            old = Path(with_retries(lambda h=head: hf_hub_download(repo, "README.md", repo_type="dataset", revision=h,
+                                                            endpoint=endpoint, token=api.token,
+                                                            cache_dir=str(staging / ".hub-cache")),
+                                    f"reading {repo}'s README.md", cfg, endpoint)).read_text()
+        merged = card_merge.merge(old, card, cfg.config, pretty)
+        (staging / "README.md").write_text(merged)
+        ops = [CommitOperationAdd(path_in_repo=rel, path_or_fileobj=str(staging / rel)) for rel in upload]
+        ops += [CommitOperationDelete(path_in_repo=p) for p in on_hub if owned(p, cfg.config) and p not in upload]
+        try:
+            info = with_retries(lambda h=head, o=ops: api.create_commit(repo, o, commit_message=message,
+                                                                        repo_type="dataset", parent_commit=h),
+                                f"the commit to {repo}", cfg, endpoint, passthrough={412})
+            return getattr(info, "oid", None) or str(info), merged
+        except HfHubHTTPError as e:  # 412: another commit landed after `head`
+            if attempt == cfg.max_retries:
+                raise StepkitError(f"{endpoint}: the commit to {repo} failed after {cfg.max_retries + 1} attempts: "
+                                   f"HTTP {_status(e)}: the repository kept moving on (another publish?)") from None
+            log(f"note: {repo} moved on from {head[:12]} while publishing (HTTP 412): merging the card with the "
+                f"new head and committing again ({attempt + 1}/{cfg.max_retries})")
+            time.sleep(min(_retry_after(e) or wait, MAX_WAIT))
+            wait *= 2
+    raise AssertionError("unreachable")
