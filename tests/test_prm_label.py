@@ -82,7 +82,8 @@ def test_math_shepherd_reads_p_plus_against_p_minus_after_each_tag(shepherd, row
         assert g["prm_first_error"] == r["reference_first_error"]
         assert g["prm_label"] == [s >= 0.5 for s in g["prm_score"]]
     # the texts are export --format math-shepherd's input, cut after each tag, with '+' or '-' after it
-    invoke("export", pb, tmp_path / "ms", "--format", "math-shepherd", "--labels", "reference_first_error")
+    invoke("export", pb, tmp_path / "ms", "--format", "math-shepherd", "--labels", "reference_first_error",
+           "--step-separator", "\\n", "--separator-in-step", "rejoin")  # (row 0's steps hold no newline)
     inputs = {r["id"]: r["input"] for r in pq.read_table(next((tmp_path / "ms" / "data").glob("*.parquet"))).to_pylist()}
     r0 = rows[0]
     mine = sorted((t for t in engine.scored if t.startswith(r0["prompt"] + " ")), key=len)

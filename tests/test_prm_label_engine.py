@@ -14,6 +14,7 @@ import re
 import pyarrow.parquet as pq
 import pytest
 
+from stepkit.stages.export_text import numbered
 from tests.conftest import DATA
 from tests.conftest import run_cli as run
 
@@ -53,7 +54,7 @@ def test_math_shepherd_scores_match_the_logits_at_each_tag(shepherd):
     assert len(plus) == len(minus) == 1
     worst = 0.0
     for r in rows:
-        text = r["prompt"] + " " + "\n".join(s + TAG for s in r["steps"])
+        text = r["prompt"].strip() + " " + "\n".join(numbered(k + 1, s) + TAG for k, s in enumerate(r["steps"]))
         enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
         ends = [m.end() for m in re.finditer(re.escape(TAG), text)]
         assert len(ends) == len(r["steps"])

@@ -211,5 +211,5 @@ def test_report_html_beside_the_card_linked_and_off_with_no_report(labelled, tmp
     assert data == {**build([str(folder)], ReportConfig()), "title": "export", "created": data["created"]}
     assert [lab["title"] for lab in data["labellers"]] == ["export (trl): hard labels as written in `mc_label`"]
     report = publish(folder, PublishConfig(dry_run=True, report=False))
-    assert report["report"] is False and not (folder / "report.html").exists()
+    assert report["report"] is None and not (folder / "report.html").exists()
     assert "report.html" not in report["card"] and "report.html" not in (folder / "README.md").read_text()

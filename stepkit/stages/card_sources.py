@@ -99,16 +99,16 @@ def applicable(stage: str, config: dict[str, Any]) -> dict[str, Any]:
     out = {k: v for k, v in config.items() if v is not None}
     if stage != "ingest":
         return out
-    from stepkit.stages.ingest import OPTION_FORMATS, OPTION_NEEDS
+    from stepkit.stages.ingest import FORMATS, OPTION_NEEDS
 
     fmt = config.get("format")
     for k in list(out):
         name = k.split(".", 1)[1] if k.startswith("options.") else None
         if name is None:
             continue
-        formats = OPTION_FORMATS.get(name)
         need = OPTION_NEEDS.get(name)
-        if (formats is not None and fmt not in formats) or (need and config.get(f"options.{need}") is None):
+        foreign = fmt in FORMATS and not FORMATS[fmt].accepts(name)  # the format declares what it accepts
+        if foreign or (need and config.get(f"options.{need}") is None):
             del out[k]
     return out
 

@@ -14,8 +14,8 @@ Kinds (``--kind``; read from the model's ``config.json`` when not given):
   step i is ``softmax(logits)[1]`` at its tag. Through vLLM's pooling runner where vLLM supports the
   architecture.
 * ``math-shepherd`` — a causal LM trained to write ``+`` or ``-`` after a step tag (Math-Shepherd, Wang et al.
-  2024): the text ``problem + " " + step_0 + " ки" + "\\n" + step_1 + " ки" ...`` (``export --format
-  math-shepherd``'s ``input``), and the score of step i is ``P(+) / (P(+) + P(-))`` of the token after its tag
+  2024): the text ``problem + " Step 1: " + step_0 + " ки" + "\\n" + "Step 2: " + step_1 + " ки" ...`` (the released
+  rows' layout, ``export --format math-shepherd``'s ``input`` with its default ``\\n``), and the score of step i is ``P(+) / (P(+) + P(-))`` of the token after its tag
   (the official reading compares the two logits at the tag). Read through the engine's scoring call
   (:meth:`stepkit.engines.base.Engine.score`) as a forced continuation: the text up to the tag followed by
   ``+``, and by ``-``, each one token (checked), two texts per step sharing their prefix.
@@ -49,6 +49,7 @@ from stepkit.errors import ConfigError, InputError, RowError
 from stepkit.metrics import processbench_f1
 from stepkit.options import Config, opt
 from stepkit.stage import LabelerStage
+from stepkit.stages.export_text import numbered
 from stepkit.stepwise import encode_text
 
 KINDS = ("token-classification", "qwen-prm", "math-shepherd")
@@ -360,9 +361,9 @@ class PRMLabelStage(LabelerStage):
                 plan.append(f"a step contains the step tag {self.tag!r}")
                 continue
             plan.append(len(requests))
-            text = r["prompt"] + " "
+            text = r["prompt"].strip() + " "  # the released rows' layout, as export --format math-shepherd writes it
             for k, step in enumerate(r["steps"]):
-                text += ("\n" if k else "") + step + self.tag
+                text += ("\n" if k else "") + numbered(k + 1, step) + self.tag
                 for tok in (self.cfg.good_token, self.cfg.bad_token):
                     requests.append(ScoreRequest(text + tok, ((len(text), len(text) + len(tok)),)))
         # longest texts first: the shorter prefixes of a row then read them from the prefix cache
