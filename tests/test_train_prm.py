@@ -172,6 +172,32 @@ def test_rerun_is_up_to_date_resumes_and_refuses_another_configuration(export, t
     other = TrainPRMConfig(**{**cfg.__dict__, "learning_rate": 3e-5})
     with pytest.raises(StepkitError, match="another configuration"):
         train_prm(str(export), out, other, progress=False)
+    # --force that fails (every label cut by --max-length) puts the old model back (breaking run D2)
+    before = sorted(p.relative_to(out) for p in out.rglob("*"))
+    failing = TrainPRMConfig(**{**cfg.__dict__, "max_length": 8})
+    with pytest.raises(StepkitError, match="no training example keeps a label"):
+        train_prm(str(export), out, failing, force=True, progress=False, log=lambda m: None)
+    assert sorted(p.relative_to(out) for p in out.rglob("*")) == before
+    assert not list(tmp_path.glob(".out.replaced-*"))
+
+
+def test_force_never_deletes_the_dataset_or_a_folder_of_another_tool(export, tiny_base, tmp_path):
+    """Breaking run D1/D2: ``train-prm DS DS --force`` deleted the dataset; ``--force`` onto any folder
+    deleted it before training."""
+    import shutil
+
+    cfg = TrainPRMConfig(base_model=str(tiny_base), max_length=MAX_LEN, step_separator=SEP, max_steps=1)
+    copy = tmp_path / "ds"
+    shutil.copytree(export, copy)
+    for out in (copy, copy / "model", tmp_path):
+        with pytest.raises(StepkitError, match="OUT is, holds or lies in the dataset"):
+            train_prm(str(copy), out, cfg, force=True, progress=False)
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "notes.txt").write_text("precious")
+    with pytest.raises(StepkitError, match="is not a train-prm folder .nothing was changed."):
+        train_prm(str(copy), victim, cfg, force=True, progress=False)
+    assert (victim / "notes.txt").read_text() == "precious" and (copy / "stepkit.manifest.json").exists()
 
 
 def test_bad_rows_are_one_line_naming_split_row_and_column(export, tmp_path):

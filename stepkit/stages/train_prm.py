@@ -30,8 +30,10 @@ different configuration is refused unless ``--force``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import os
 import shutil
 import time
 from dataclasses import dataclass
@@ -322,8 +324,14 @@ def _progress_callback(show: bool, losses: list):
     return Progress()
 
 
-def _check_out(out: Path, ident: dict, force: bool) -> str:
-    """``fresh``, ``resume`` or ``done`` for OUT, refusing another configuration's folder unless ``force``."""
+def _check_out(out: Path, ident: dict, force: bool, dataset: str) -> str:
+    """``fresh``, ``resume`` or ``done`` for OUT, refusing another configuration's folder unless ``force``
+    (then it is set aside by :func:`_set_aside`, restored if the new run fails), and always refusing OUT
+    that is, holds or lies in DATASET, or a folder that is no train-prm folder (breaking run: ``--force``
+    deleted the dataset it was to train on, and any folder given as OUT, before training)."""
+    src, dst = Path(dataset).resolve(), out.resolve()
+    if src == dst or src in dst.parents or dst in src.parents:
+        raise StepkitError(f"{out}: OUT is, holds or lies in the dataset {dataset}; write the model somewhere else")
     marker, settings = out / PRM_FILE, out / "checkpoints" / "settings.json"
     for f, what in ((marker, "a trained model"), (settings, "an unfinished training run")):
         if f.is_file():
@@ -336,13 +344,30 @@ def _check_out(out: Path, ident: dict, force: bool) -> str:
             if not force:
                 raise StepkitError(f"{out}: holds {what} of another configuration (dataset or options); "
                                    f"use --force to replace it")
-            shutil.rmtree(out)
-            return "fresh"
+            return "replace"
     if out.exists() and any(out.iterdir()):
-        if not force:
-            raise StepkitError(f"{out}: exists and is not a train-prm folder; use --force to replace it")
-        shutil.rmtree(out)
+        raise StepkitError(f"{out}: exists and is not a train-prm folder (nothing was changed); give a new or "
+                           "empty folder")
     return "fresh"
+
+
+@contextlib.contextmanager
+def _set_aside(out: Path, replace: bool):
+    """With ``replace``, move OUT aside while the new model trains: removed when the run succeeds, put back
+    when it fails or is interrupted, so a failed ``--force`` run loses nothing."""
+    if not replace:
+        yield
+        return
+    aside = out.with_name(f".{out.name}.replaced-{os.getpid()}")
+    shutil.rmtree(aside, ignore_errors=True)
+    os.replace(out, aside)
+    try:
+        yield
+    except BaseException:
+        shutil.rmtree(out, ignore_errors=True)
+        os.replace(aside, out)
+        raise
+    shutil.rmtree(aside, ignore_errors=True)
 
 
 def train_prm(dataset: str, out: str | Path, cfg: TrainPRMConfig, force: bool = False, progress: bool = True,
@@ -363,9 +388,16 @@ def train_prm(dataset: str, out: str | Path, cfg: TrainPRMConfig, force: bool = 
     base = resolve_model(cfg.base_model)
     data = load_stepwise(dataset, [cfg.split] + ([cfg.eval_split] if cfg.eval_split else []), cfg.limit)
     ident = {"config": identity(cfg), "dataset": data.fingerprint, "layout": LAYOUT}
-    state = _check_out(out, ident, force)
+    state = _check_out(out, ident, force, dataset)
     if state == "done":
         return {**json.loads((out / PRM_FILE).read_text()), "status": "up to date"}
+    with _set_aside(out, state == "replace"):
+        return _train(dataset, data, out, cfg, base, ident, state, progress, log)
+
+
+def _train(dataset: str, data, out: Path, cfg: TrainPRMConfig, base, ident: dict, state: str, progress: bool,
+           log) -> dict[str, Any]:
+    """The training run of :func:`train_prm` once OUT is known to be fresh, to resume, or set aside."""
 
     import torch
     from transformers import AutoModelForTokenClassification, AutoTokenizer, PrinterCallback, TrainingArguments
