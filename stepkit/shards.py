@@ -58,10 +58,14 @@ def list_shards(path: str | os.PathLike) -> list[Path]:
     naming it, once per process: its rows are not in the folder yet, so whatever reads it sees part of the data.
 
     Raises:
-        InputError: the path does not exist (or is a symlink loop or a broken link), or a folder holds
-            no ``.parquet`` file.
+        InputError: the path does not exist (or is a symlink loop or a broken link), a folder holds
+            no ``.parquet`` file, or it is an unfinished run's parts folder.
     """
     p = Path(path)
+    if p.is_dir() and p.name.endswith(".parquet.parts") and (p / "run.json").is_file():
+        # (breaking run D6: its committed chunks were read as if they were a finished shard)
+        raise InputError(p, f"is the parts folder of a run of {p.name[:-len('.parts')]} that has not finished: "
+                            "its committed chunks are part of the rows; rerun the stopped command first")
     if p.is_dir():
         shards = sorted(x for x in p.glob("*.parquet") if x.is_file())
         unfinished = unfinished_runs(p)

@@ -55,3 +55,17 @@ def test_a_folder_with_only_an_unfinished_run_says_so(folder, tmp_path):
     assert r.exit_code == 1
     assert r.stderr.strip() == f"error: {tmp_path}: folder holds no .parquet shards (only the unfinished run " \
                                "x.parquet.parts: finish it first)"
+
+
+def test_an_unfinished_runs_parts_folder_given_as_in_is_refused(tmp_path):
+    """Breaking run D6: ``filter X.parquet.parts ...`` read the committed chunks as a finished shard."""
+    from stepkit.errors import InputError
+    from stepkit.shards import list_shards
+
+    parts = tmp_path / "un.parquet.parts"
+    parts.mkdir()
+    (parts / "run.json").write_text("{}")
+    (parts / "part-00000.parquet").write_bytes(b"")
+    with pytest.raises(InputError, match=r"un.parquet.parts: is the parts folder of a run of un.parquet that has not "
+                                         "finished"):
+        list_shards(parts)
