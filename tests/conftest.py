@@ -37,10 +37,11 @@ def checker():
         yield c
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture
 def vllm_engine():
     """The session's loaded vLLM engine (the bundled model, seed 0), the same one in-process commands
-    borrow. Never close it: a test that needs its own engine process is marked ``own_engine``."""
+    borrow (asked for each test: it is loaded again if a test with other options closed it). Never close it:
+    a test that needs its own engine process is marked ``own_engine``."""
     from tests import shared_engines
 
     return shared_engines.vllm_engine("smollm2-135m", seed=0)

@@ -92,22 +92,20 @@ def test_stats_say_what_the_bundled_model_cannot_do(offline):
     assert "(P = 0.31" in stats
 
 
+@pytest.mark.own_engine  # the stage loads its two engines itself, one after the other
 def test_implicit_prm_with_the_model_as_its_own_reference(pb, tmp_path):
-    """Policy and reference are the same model (the session's engine, lent to both specs): every step's log-ratio is 0, so
+    """Policy and reference are the same model, loaded one after the other: every step's log-ratio is 0, so
     both passes scored the same tokens at the same positions. (The command refuses this configuration, whose
     rewards are 0 by construction: tests/test_likelihood.py; the stage built with an explicit reference spec
     is this check's way in.)"""
     from stepkit.engines.base import EngineSpec, SamplingConfig
     from stepkit.runner import run_stage
     from stepkit.stages.likelihood import LikelihoodConfig, LikelihoodStage
-    from tests import shared_engines
-
     out = tmp_path / "ip.parquet"
     stage = LikelihoodStage(LikelihoodConfig(method="implicit-prm", reference_model="smollm2-135m"),
                             EngineSpec("vllm", "smollm2-135m", 0), SamplingConfig(),
                             reference=EngineSpec("vllm", "smollm2-135m", 0))
-    with shared_engines.lent():  # both specs are the session's engine: policy and reference passes alike
-        run_stage(stage, pb, out, progress=False)
+    run_stage(stage, pb, out, progress=False)
     rows = pq.read_table(out).to_pylist()
     for r in rows:
         assert r["lh_status"] == "ok" and len(r["lh_reward"]) == len(r["steps"])

@@ -108,7 +108,7 @@ def test_cli_end_to_end_killed_and_resumed(solutions, tmp_path):
     assert m["config"]["sampling"]["max_tokens"] == 96
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def engine(vllm_engine):
     return vllm_engine  # the session's (tests/shared_engines.py)
 

@@ -47,7 +47,7 @@ def seeds(tmp_path_factory, checker):
     return out
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def engine(vllm_engine):
     return vllm_engine  # the session's (tests/shared_engines.py)
 

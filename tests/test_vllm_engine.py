@@ -29,7 +29,7 @@ def _engine_processes() -> list[psutil.Process]:
     return found
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def engine(vllm_engine):
     """The session's engine (tests/shared_engines.py: built by ``VLLMEngine("smollm2-135m", seed=0)``, as
     ``make_engine("vllm", "smollm2-135m", seed=0)`` builds it)."""
