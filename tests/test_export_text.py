@@ -236,7 +236,7 @@ def test_pairs_tokenise_as_the_dpo_and_reward_trainers_read_them(pairs):
     from stepkit.models import model_dir
 
     if not (model_dir("smollm2-135m") / "tokenizer.json").is_file():
-        pytest.skip("the bundled model is not prepared (make model)")
+        pytest.fail("the bundled model is not prepared: run make model (make test does)")
     tok = AutoTokenizer.from_pretrained(model_dir("smollm2-135m"))
     _, out = pairs
     for rec in load(out):

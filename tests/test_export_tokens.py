@@ -23,7 +23,7 @@ LIMIT = 200
 @pytest.fixture(scope="module")
 def shard(tmp_path_factory):
     if not (model_dir("smollm2-135m") / "tokenizer.json").is_file():
-        pytest.skip("the bundled model is not prepared (make model)")
+        pytest.fail("the bundled model is not prepared: run make model (make test does)")
     d = tmp_path_factory.mktemp("tok")
     ok("ingest", "processbench", DATA / "processbench" / "math.json", d / "m.parquet", "--limit", "8")
     return d / "m.parquet"
