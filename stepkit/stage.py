@@ -207,9 +207,9 @@ class EngineStage(Stage):
         return self.engine.stats.generated_tokens if self.engine else 0
 
 
-class LabelerStage(EngineStage):
-    """An engine stage that labels the steps of trajectory rows (mc-label, judge): each row needs a
-    unique non-empty ``id``, a ``prompt`` and non-empty ``steps``; rows that failed upstream are skipped."""
+class TrajectoryRows:
+    """Mixin of a stage that labels the steps of trajectory rows: each row needs a unique non-empty ``id``,
+    a ``prompt`` and non-empty ``steps``; rows that failed upstream are skipped."""
 
     def validate(self, rows, path, first_row):
         if first_row == 0:
@@ -220,3 +220,7 @@ class LabelerStage(EngineStage):
     def __getstate__(self):
         """Pickled (sent to a Ray actor) without planning's set of the last shard's ids."""
         return {k: v for k, v in self.__dict__.items() if k != "_seen_ids"}
+
+
+class LabelerStage(TrajectoryRows, EngineStage):
+    """An engine stage that labels the steps of trajectory rows (mc-label, judge; :class:`TrajectoryRows`)."""

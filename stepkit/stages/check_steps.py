@@ -47,8 +47,7 @@ import pyarrow as pa
 
 from stepkit.columns import Column
 from stepkit.options import Config, opt
-from stepkit.schema import check_steps, check_values
-from stepkit.stage import Stage
+from stepkit.stage import Stage, TrajectoryRows
 
 STATUSES = ("failed", "held", "nothing_checkable")
 SOURCES = ("claim", "clue", "outcome", "none")
@@ -111,7 +110,7 @@ def combine(first_failed: int, n_steps: int, outcome_correct: bool | None, clue:
     return -1, "none"
 
 
-class CheckStepsStage(Stage):
+class CheckStepsStage(TrajectoryRows, Stage):
     """``stepkit check-steps`` (see the module docstring). No model; sympy loads in :meth:`open`."""
 
     name = "check-steps"
@@ -129,15 +128,6 @@ class CheckStepsStage(Stage):
         return {**super().config(), "rule": RULE, "points": stepcheck.POINTS, "solved_equations": stepcheck.SOLVED,
                 "linear_equations": stepcheck.LINEAR, "across_steps": stepcheck.ACROSS, "definitions": stepcheck.SCOPE,
                 "substitute_conditions": stepcheck.SUBSTITUTE_CONDITIONS}
-
-    def validate(self, rows, path, first_row):
-        if first_row == 0:
-            self._seen_ids = set()
-        check_values(rows, path, first_row, ("id", "prompt"), unique="id", seen=self._seen_ids)
-        check_steps(rows, path, first_row)
-
-    def __getstate__(self):
-        return {k: v for k, v in self.__dict__.items() if k != "_seen_ids"}
 
     def open(self):
         from stepkit.grading import stepcheck
