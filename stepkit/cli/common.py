@@ -205,3 +205,17 @@ def print_results(results, title: str, shown=None, tokens_kind: str = "generated
     for name, fn in rows:  # a failed shard has its status only (its error line follows the table)
         t.add_row(name, *[str(fn(r)) if r.status != "failed" or name == "status" else "-" for r in results])
     make_console(stderr=True).print(t)
+
+
+def check_calibrate(calibrate: str | None, out) -> None:
+    """A ``--calibrate`` shard must not be OUT or inside it (it would be read while being written).
+
+    Raises:
+        click.UsageError: it is.
+    """
+    if calibrate:
+        from pathlib import Path
+
+        cal, target = Path(calibrate).resolve(), Path(out).resolve()
+        if cal == target or cal.is_relative_to(target):
+            raise click.UsageError(f"--calibrate {calibrate} is (inside) OUT: calibrate on another labelled shard")

@@ -7,7 +7,7 @@ from collections import Counter
 import click
 from rich.table import Table
 
-from stepkit.cli.common import engine_options, engine_spec, run, runner_options
+from stepkit.cli.common import check_calibrate, engine_options, engine_spec, run, runner_options
 from stepkit.options import click_options, from_params
 from stepkit.shards import read_manifest
 from stepkit.stages.prm_label import PRMLabelConfig
@@ -36,12 +36,7 @@ def command(inp, out, **kw):
     from stepkit.stages.prm_label import PRMLabelStage
 
     cfg = from_params(PRMLabelConfig, kw)
-    if cfg.calibrate:
-        from pathlib import Path
-
-        cal, target = Path(cfg.calibrate).resolve(), Path(out).resolve()
-        if cal == target or cal.is_relative_to(target):
-            raise click.UsageError(f"--calibrate {cfg.calibrate} is (inside) OUT: calibrate on another labelled shard")
+    check_calibrate(cfg.calibrate, out)
     stage = PRMLabelStage(cfg, engine_spec(kw), SamplingConfig(temperature=0, max_tokens=1, seed=kw["seed"]))
     run(stage, inp, out, kw, "prm-label")
 
