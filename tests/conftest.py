@@ -44,7 +44,9 @@ def vllm_engine():
     a test that needs its own engine process is marked ``own_engine``."""
     from tests import shared_engines
 
-    return shared_engines.vllm_engine("smollm2-135m", seed=0)
+    engine = shared_engines.vllm_engine("smollm2-135m", seed=0)
+    engine.reset_prefix_cache()  # no blocks an earlier test computed
+    return engine
 
 
 @pytest.fixture(scope="session")

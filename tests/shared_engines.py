@@ -128,6 +128,7 @@ def lent():
         base.checked_engine_options(name, options)  # a bad option fails as it would without the loan
         engine = vllm_engine(model, seed, **options)
         engine.stats = base.EngineStats()
+        engine.reset_prefix_cache()  # as a fresh process sees it: no blocks an earlier test computed
         engine.close = lambda: None  # the session closes it
         borrowed.append(engine)
         return engine
