@@ -121,6 +121,8 @@ def pytest_sessionfinish(session, exitstatus):
 
     if shared_engines.loads:
         print(f"\nvLLM engine loads in this session's own process: {len(shared_engines.loads)}")
+        for key in shared_engines.loads:  # which options cost a load (a test group out of order shows here)
+            print(f"  {key}")
     shared_engines.close_all()
 
 

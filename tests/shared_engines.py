@@ -57,12 +57,17 @@ def vllm_engine(model: str = "smollm2-135m", seed: int = 0, **options):
     """The session's vLLM engine for ``model``/``seed``/``options``, loading it (and closing any other
     first) when needed. Its ``close`` is the real one: call :func:`release` instead."""
     global _engine
-    key = (model, seed, tuple(sorted(options.items())))
+    import inspect
+
+    from stepkit.engines.vllm_engine import VLLMEngine
+
+    # the key is the engine as built: an option given at its default is the same engine as one left out
+    defaults = {n: p.default for n, p in inspect.signature(VLLMEngine).parameters.items()
+                if p.default is not inspect.Parameter.empty and n != "seed"}
+    key = (model, seed, tuple(sorted({**defaults, **options}.items())))
     if _engine is not None and _engine[0] == key:
         return _engine[1]
     release()
-    from stepkit.engines.vllm_engine import VLLMEngine
-
     engine = VLLMEngine(model, seed=seed, **options)
     loads.append(key)
     _engine = (key, engine)

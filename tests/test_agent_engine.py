@@ -28,6 +28,7 @@ def three(tmp_path_factory):
     return tmp_path / "three.parquet"
 
 
+@pytest.mark.other_engine  # a 4,096-token context: after the tests that share the default engine
 def test_judge_agent_step_real_engine(three, tmp_path):
     out = tmp_path / "judged.parquet"
     p = run_cli("judge", three, out, "--model", "smollm2-135m", "--template", "judge-agent-step",
