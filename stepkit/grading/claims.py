@@ -27,7 +27,7 @@ error. Linear in the text; raises nothing on odd text.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from stepkit.grading.clues import read_step
 
@@ -53,6 +53,7 @@ class Relation:
             quotient (``2863 \div 1344 = 2``), which may be the exact value rounded down.
         rounded_input: the left side holds a decimal (``(2.8284)^2 = 8``): its inputs were rounded, so the
             claim holds within 1%.
+        at: where its math span starts in the step's text (-1: not set).
     """
 
     lhs: str | None
@@ -64,6 +65,7 @@ class Relation:
     decimals: int = 0
     whole: bool = False
     rounded_input: bool = False
+    at: int = -1
 
 
 @dataclass(frozen=True)
@@ -183,11 +185,23 @@ def _latex_structures(s: str) -> str | None:
     return "".join(out)
 
 
+def _unbox(s: str) -> str:
+    r"""``\boxed{x}`` (and ``\fbox``) replaced by ``x``: the answer box is no part of the value."""
+    while True:
+        m = re.search(r"\\(?:boxed|fbox)(?![A-Za-z])", s)
+        if not m:
+            return s
+        g = _braced(s, m.end())
+        if not g:
+            return s
+        s = s[:m.start()] + "{" + g[0] + "}" + s[g[1]:]
+
+
 def to_expression(latex: str) -> str | None:
     r"""A side of a relation (LaTeX or plain) as a plain expression over the closed vocabulary of the module
     docstring, with every product explicit (``2x(x+1)`` -> ``2*x*(x+1)``) and every decimal an exact
     fraction (``0.75`` -> ``(75/100)``); None when any part of it is outside that vocabulary."""
-    s = latex.strip().rstrip(".,;:").strip()
+    s = _unbox(latex.strip()).rstrip(".,;:").strip()
     s = _UNIT.sub(" ", s).strip()
     if not s or len(s) > 400 or "\x01" in s or s[0] in "+*/^" or s[-1] in "+-*/^":
         return None  # a word, or a part cut out of a longer expression
@@ -281,7 +295,7 @@ def _explicit(s: str) -> str | None:
 
 
 def _decimals(text: str) -> int:
-    m = re.fullmatch(r"\s*-?\d*\.(\d+)\s*", text)
+    m = re.fullmatch(r"\s*\{?\s*-?\d*\.(\d+)\s*\}?\s*", _unbox(text))
     return len(m.group(1)) if m else 0
 
 
@@ -386,7 +400,7 @@ def extract(step: str, previous: str | None = None) -> tuple[list[Item], str | N
         pos = m.end()
         body = next(g for g in (m.group(1), m.group(2), m.group(3), m.group(4), m.group(6)) if g is not None)
         rels, last = _relations(body, last)
-        items += [(m.start(), r) for r in rels]
+        items += [(m.start(), replace(r, at=m.start())) for r in rels]
         plain.append(" " * (m.end() - m.start()))
     plain.append(step[pos:])
     text = "".join(plain)

@@ -39,6 +39,7 @@ identities) and which are conditions:
 from __future__ import annotations
 
 import random
+import re
 import signal
 import threading
 from contextlib import contextmanager
@@ -225,7 +226,7 @@ def check_solution(steps: list[str], timeout: float = 2.0, seed: int = 0) -> lis
     S = _sympy()
     rng = random.Random(seed)
     defs: dict = {}
-    last_equation: list = []  # the solution's latest condition (an equation with a free symbol), across steps
+    last_equation: list = []  # the solution's conditions, oldest first: (condition, step, case within the step)
     out = []
     previous = None
     for step in steps:
@@ -234,19 +235,25 @@ def check_solution(steps: list[str], timeout: float = 2.0, seed: int = 0) -> lis
         if SCOPE != "solution":
             defs = {}
         conditions = []  # this step's equations, which a value it names may solve
+        cases = [m.start() for m in _CASE.finditer(step)]  # where a case opens (if, suppose, for n = 4, ...)
         if not ACROSS:
             last_equation.clear()
         for it in items:
             if isinstance(it, (Arithmetic, Remainder)):
                 _count(res, it.holds, it.text)
                 continue
+            case = sum(c < it.at for c in cases) if isinstance(it, Relation) else 0
+            # inside a case, a condition follows only from the conditions of the same case
+            history = [c for c, s, k in last_equation if not case or (s == len(out) and k == case)]
+            before = len(conditions)
             try:
                 with _time_limit(timeout):
-                    verdict = _relation(S, it, defs, conditions, rng, last_equation)
+                    verdict = _relation(S, it, defs, conditions, rng, history)
             except ClaimTimeout:
                 verdict = None
             except (TypeError, ValueError, ZeroDivisionError, RecursionError, OverflowError, AttributeError):
                 verdict = None
+            last_equation += [(c, len(out), case) for c in conditions[before:]]
             if verdict == "skip":
                 continue
             _count(res, verdict, it.text)
@@ -264,34 +271,80 @@ def _count(res: StepCheck, verdict, text: str) -> None:
         res.not_parsed += 1
 
 
-def _linear_root(sp, expr):
-    """The root of ``expr = 0`` when it is linear in its one free symbol (coefficients may be radicals),
-    else None."""
-    (x,) = expr.free_symbols
-    e = sp.expand(expr)
-    if not e.is_polynomial(x):
-        return None
-    p = sp.Poly(e, x)
-    if p.degree() != 1:
-        return None
-    b, c = p.all_coeffs()
-    return -c / b if b != 0 else None
+def _constant_part(sp, e):
+    """The terms of the expanded ``e`` without a free symbol (``x^2 + 4x - 5`` -> -5; radicals kept)."""
+    return sp.Add(*[t for t in sp.Add.make_args(e) if not t.free_symbols])
 
 
-def _follows(sp, new, old) -> bool | None:
-    """Whether the linear equation ``new`` (``(lhs, rhs)``) in one variable has the root of the linear
-    equation ``old`` before it in the same variable (an equation rewritten step by step: ``-7y + 1 = -3``
-    then ``-7y = -4``); None when they are not both linear in the same one variable."""
-    dn, do = new[0] - new[1], old[0] - old[1]
-    if len(dn.free_symbols) != 1 or dn.free_symbols != do.free_symbols:
+def _proportional(sp, dn, do):
+    """The number ``c`` with ``dn = c * do`` (both expanded), or None when there is none."""
+    if do == 0 or dn == 0:
         return None
-    rn, ro = _linear_root(sp, dn), _linear_root(sp, do)
-    if rn is None or ro is None:
-        return None
-    return _numeric(sp, "=", rn, ro, 0)
+    c = sp.cancel(dn / do)
+    return c if c.is_number and c != 0 else None
 
 
-def _relation(S: _Sympy, r: Relation, defs: dict, conditions: list, rng: random.Random, last_equation: list):
+def _rational_poly(sp, e, x):
+    """The numerator of ``e`` (one free symbol ``x``) as a polynomial over the rationals of degree 1..12, or
+    None (radicals in the coefficients, a symbol under a root, too high a degree)."""
+    num = sp.numer(sp.together(e))
+    try:
+        p = sp.Poly(sp.expand(num), x, domain="QQ")
+    except (sp.PolynomialError, sp.CoercionFailed, sp.GeneratorsNeeded, ValueError, TypeError):
+        return None
+    return p if 1 <= p.degree() <= 12 else None
+
+
+_CASE = re.compile(r"\b(?:if|case|cases|suppose|assume|assuming|when|either|otherwise|alternatively|try|trying)\b|"
+                   r"\bfor\s+(?:\\\(|\$)[^$)]*=", re.I)
+
+
+def _follows(sp, new, history: list) -> bool | None:
+    r"""Whether the condition ``new`` (``(lhs, rhs)``) is a consequence of the conditions the solution wrote
+    before it in the same free symbols (``history``, oldest first), as far as can be decided; None otherwise.
+
+    * held: ``lhs - rhs`` is a constant multiple of an earlier condition's (a rearrangement:
+      ``x^2 - 3x = 1`` after ``x^2 = 3x + 1``);
+    * failed, in one variable with rational polynomial sides: ``new`` shares no root (over the complex
+      numbers) with any earlier condition in that variable (``(x - 1)(x - 3) = 0`` after ``x^2 - 3x = 1``;
+      a factor set to zero shares its roots with the product, a squared equation keeps its roots);
+    * failed, otherwise (several variables, radicals): the latest such condition and ``new`` have the same
+      terms with symbols up to a factor but other constants (a term moved across with a wrong sign or sum:
+      ``2\sqrt{..} = 16 - 12x^2 + 32x + 7`` after ``12x^2 - 32x - 7 + 2\sqrt{..} = 9``).
+
+    Never failed (a case analysis, not a derivation: each case is a new condition): when ``case`` (the step
+    says ``if``, ``case``, ``suppose``, ``for \(n = 4\)``...), or when a side of ``new`` is an earlier such
+    condition's side as written (``x - 4 = 11`` after ``x - 4 = 1``; ``ab = 7`` after ``ab = 5``).
+    """
+    dn = sp.expand(new[0] - new[1])
+    free = dn.free_symbols
+    relevant = [(a, b) for a, b in history if (a - b).free_symbols == free]
+    same = [sp.expand(a - b) for a, b in relevant]
+    if not free or not same:
+        return None
+    if any(_proportional(sp, dn, do) is not None for do in same):
+        return True
+    if not LINEAR or any((new[0] == a and a.free_symbols) or (new[1] == b and b.free_symbols)
+                                                     for a, b in relevant):
+        return None
+    if len(free) == 1:
+        (x,) = free
+        pn = _rational_poly(sp, dn, x)
+        olds = [p for p in (_rational_poly(sp, do, x) for do in same) if p is not None]
+        if pn is not None and olds:
+            if any(sp.gcd(pn, po).degree() > 0 for po in olds):
+                return None
+            if len(olds) == len(same):
+                return False
+    do = same[-1]
+    cn, co = _constant_part(sp, dn), _constant_part(sp, do)
+    c = _proportional(sp, sp.expand(dn - cn), sp.expand(do - co))
+    if c is None:
+        return None
+    return _numeric(sp, "=", cn, c * co, 0)
+
+
+def _relation(S: _Sympy, r: Relation, defs: dict, conditions: list, rng: random.Random, history: list):
     """True / False / None (not parsed) / "skip" (a definition, not a claim) for one relation; a condition
     updates ``conditions`` (this step's) and ``last_equation`` (the solution's latest)."""
     sp = S.sp
@@ -330,7 +383,6 @@ def _relation(S: _Sympy, r: Relation, defs: dict, conditions: list, rng: random.
     same = _identity_or_imaginary(sp, a2, b2, rng)
     if same or r.link != "first":  # a simplification keeps its variables; an evaluation at unknown values
         return same if same or a2.free_symbols == b2.free_symbols else None  # is not decided
-    verdict = _follows(sp, (a2, b2), last_equation[0]) if last_equation and LINEAR else None
+    verdict = _follows(sp, (a2, b2), history)
     conditions.append((a2, b2))
-    last_equation[:] = [(a2, b2)]
     return verdict
