@@ -399,7 +399,9 @@ def extract(step: str, previous: str | None = None) -> tuple[list[Item], str | N
         plain.append(step[pos:m.start()])
         pos = m.end()
         body = next(g for g in (m.group(1), m.group(2), m.group(3), m.group(4), m.group(6)) if g is not None)
-        rels, last = _relations(body, last)
+        rels, after = _relations(body, last)
+        if rels or m.group(3) is None and m.group(4) is None:
+            last = after  # a bare expression inline in prose (``distribute \(7a^3\)``) is a mention, not a result
         items += [(m.start(), replace(r, at=m.start())) for r in rels]
         plain.append(" " * (m.end() - m.start()))
     plain.append(step[pos:])

@@ -359,7 +359,7 @@ def _relation(S: _Sympy, r: Relation, defs: dict, conditions: list, rng: random.
             defs[sp.Symbol(r.name)] = value
         name = sp.Symbol(r.name)
         verdicts = []
-        if r.decimals or not SOLVED:
+        if r.decimals or not SOLVED or re.search(r"\d\.\d", r.text.partition(" = ")[2]):
             return "skip"  # a rounded value satisfies its equation only roughly: not checked
         for lhs, rhs in conditions:  # the equations this step solved for the value it now names
             if (lhs - rhs).free_symbols == {name}:
