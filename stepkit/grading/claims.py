@@ -31,7 +31,7 @@ from dataclasses import dataclass, replace
 
 from stepkit.grading.clues import read_step
 
-FUNCTIONS = ("sqrt", "sin", "cos", "tan", "log", "exp", "binomial", "factorial", "floor", "ceiling")
+FUNCTIONS = ("sqrt", "sin", "cos", "tan", "log", "exp", "binomial", "factorial", "floor", "ceiling", "abs")
 RELATIONS = {"=": "=", "<": "<", ">": ">", "\\le": "<=", "\\leq": "<=", "\\ge": ">=", "\\geq": ">=",
              "\\ne": "!=", "\\neq": "!=", "\\approx": "~", "≈": "~", "≤": "<=", "≥": ">=", "≠": "!=",
              "\\leqslant": "<=", "\\geqslant": ">="}
@@ -110,7 +110,7 @@ _UNITS = re.compile(r"\\(?:text|mathrm|textbf|mbox|operatorname)\s*\{[^{}]*\}")
 _COMMAND = re.compile(r"\\([A-Za-z]+)")
 _REFUSE = re.compile(r"\\(?:pm|mp|infty|in|notin|cup|cap|sum|prod|int|lim|vec|overline|angle|triangle|mid|equiv|"
                      r"pmod|bmod|mod|cdots|ldots|dots|subset|cong|sim|perp|parallel)(?![A-Za-z])|%|\||\\?\$")
-_TOKEN = re.compile(r"\s*(?:(\d+\.\d*|\.\d+|\d+)|([A-Za-z]+(?:_\d+)?)|(\*\*|[-+*/()]))")
+_TOKEN = re.compile(r"\s*(?:(\d+\.\d*|\.\d+|\d+)|([A-Za-z]+(?:_\d+)?)|(\*\*|[-+*/(),]))")
 _LATEX_FUNCS = {"sin": "sin", "cos": "cos", "tan": "tan", "log": "log", "ln": "log", "exp": "exp", "pi": "pi",
                 "sqrt": "sqrt", "cdot": "*", "times": "*", "div": "/", "ast": "*", "lfloor": "floor(",
                 "rfloor": ")", "lceil": "ceiling(", "rceil": ")"}
@@ -197,6 +197,57 @@ def _unbox(s: str) -> str:
         s = s[:m.start()] + "{" + g[0] + "}" + s[g[1]:]
 
 
+def _bars(s: str) -> str | None:
+    r"""Absolute values ``\left| x \right|``, ``|x|`` (one pair) as ``abs(x)``; a norm ``\|`` or more bars than
+    one pair outside ``\left \right``: None."""
+    if s is None or "\\|" in s:
+        return None
+    s = re.sub(r"\\left\s*\||\\lvert", " abs(", s)
+    s = re.sub(r"\\right\s*\||\\rvert", ") ", s)
+    if s.count("|") == 2:
+        i = s.index("|")
+        j = s.index("|", i + 1)
+        s = s[:i] + " abs(" + s[i + 1:j] + ") " + s[j + 1:]
+    return None if "|" in s else s
+
+
+_LOG = re.compile(r"\\log_\s*(\{[^{}]*\}|\d+|[A-Za-z])\s*")
+
+
+def _logs(s: str) -> str | None:
+    r"""``\log_b x`` as ``(log(x)/log(b))``: the argument a brace group, a parenthesised group, a number or one
+    letter (not followed by ``^``: ``\log_2 x^3`` is ambiguous); None for any other."""
+    while True:
+        m = _LOG.search(s)
+        if not m:
+            return s
+        base = m.group(1).strip("{}")
+        i = m.end()
+        j = None
+        if s.startswith("\\left(", i) or s.startswith("(", i) or s.startswith("{", i):
+            opener = "{" if s[i] == "{" else "("
+            closer = "}" if opener == "{" else ")"
+            depth = 0
+            for k in range(i, len(s)):
+                depth += s[k] == opener
+                depth -= s[k] == closer
+                if depth == 0 and s[k] == closer:
+                    j = k + 1
+                    break
+            if j is None:
+                return None
+            arg = s[i:j]
+            if opener == "{":
+                arg = "(" + arg[1:-1] + ")"
+        else:
+            a = re.match(r"\d+(?:\.\d+)?|[A-Za-z](?![A-Za-z])", s[i:])
+            if not a or s[i + a.end():].lstrip().startswith("^"):
+                return None
+            j = i + a.end()
+            arg = a.group()
+        s = s[:m.start()] + "{\\log(" + arg + ")/\\log(" + base + ")}" + s[j:]
+
+
 def to_expression(latex: str) -> str | None:
     r"""A side of a relation (LaTeX or plain) as a plain expression over the closed vocabulary of the module
     docstring, with every product explicit (``2x(x+1)`` -> ``2*x*(x+1)``) and every decimal an exact
@@ -205,6 +256,9 @@ def to_expression(latex: str) -> str | None:
     s = _UNIT.sub(" ", s).strip()
     if not s or len(s) > 400 or "\x01" in s or s[0] in "+*/^" or s[-1] in "+-*/^":
         return None  # a word, or a part cut out of a longer expression
+    s = _bars(_logs(s)) if "|" in s or "\\log_" in s else s
+    if s is None:
+        return None
     if _REFUSE.search(s) or re.search(r"[A-Za-z]\s*\^\s*\{\s*-\s*1\s*\}\s*\(", s):
         return None  # (f^{-1}(2): an inverse function)
     if re.search(r"\\circ|°", s):

@@ -109,7 +109,7 @@ class _Sympy:
         from sympy.parsing.sympy_parser import parse_expr
 
         self.sp, self.parse_expr = sympy, parse_expr
-        self.names = {"sqrt": sympy.sqrt, "sin": sympy.sin, "cos": sympy.cos, "tan": sympy.tan, "log": sympy.log,
+        self.names = {"abs": sympy.Abs, "sqrt": sympy.sqrt, "sin": sympy.sin, "cos": sympy.cos, "tan": sympy.tan, "log": sympy.log,
                       "exp": sympy.exp, "binomial": sympy.binomial, "factorial": sympy.factorial,
                       "floor": sympy.floor, "ceiling": sympy.ceiling, "pi": sympy.pi, "Integer": sympy.Integer,
                       "Rational": sympy.Rational, "Symbol": sympy.Symbol, "Float": sympy.Float}
