@@ -54,6 +54,9 @@ class Relation:
         rounded_input: the left side holds a decimal (``(2.8284)^2 = 8``): its inputs were rounded, so the
             claim holds within 1%.
         at: where its math span starts in the step's text (-1: not set).
+        call: a first link whose left side applies a one-letter function, ``f(2x + 1)``: ``(f, argument as a
+            plain expression)``; the argument one variable (``f(x) = x^2 + 1``) defines ``f``, any other
+            evaluates an earlier definition (a substitution: ``f(15) = 12(15) + 7``).
     """
 
     lhs: str | None
@@ -66,6 +69,7 @@ class Relation:
     whole: bool = False
     rounded_input: bool = False
     at: int = -1
+    call: tuple[str, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -380,6 +384,19 @@ def _units(part: str) -> set[str]:
     return set(_UNIT.findall(part))
 
 
+_CALL = re.compile(r"\s*([fghpqPQFGH])\s*(?:\\left\s*)?\(\s*(.+?)\s*(?:\\right\s*)?\)\s*")
+
+
+def _balanced(s: str) -> bool:
+    depth = 0
+    for ch in s:
+        depth += ch in "({["
+        depth -= ch in ")}]"
+        if depth < 0:
+            return False
+    return depth == 0
+
+
 def _relations(math: str, previous: str | None) -> tuple[list[Relation], str | None]:
     """The relations of one math-mode span; ``previous`` is the last expression written before it (for a span
     opening with ``=``). Returns them and the last expression of this span."""
@@ -427,9 +444,14 @@ def _relations(math: str, previous: str | None) -> tuple[list[Relation], str | N
             m = _NAME.fullmatch(left)
             if link == "first" and op == "=" and m:
                 name = m.group(1) + (f"_{m.group(2)}" if m.group(2) else "")
+            call = None
+            mc = _CALL.fullmatch(left) if link == "first" and op == "=" else None
+            if mc and _balanced(mc.group(2)):
+                arg = to_expression(mc.group(2))
+                call = (mc.group(1), arg) if arg is not None else None
             whole = bool(re.search(r"\\div|÷", left)) and bool(re.fullmatch(r"\s*\d+\s*\.?\s*", right))
             out.append(Relation(exprs[k], exprs[k + 1], op, f"{left.strip()} {op} {right.strip()}".replace("\x01", "[text]")[:200], link, name,
-                                _decimals(right), whole, bool(re.search(r"\d\.\d", left))))
+                                _decimals(right), whole, bool(re.search(r"\d\.\d", left)), call=call))
         last = parts[-1] if parts[-1].strip() else last
     return out, last
 

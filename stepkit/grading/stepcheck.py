@@ -184,6 +184,8 @@ def _identity(sp, a, b, rng: random.Random) -> bool | None:
     except (TypeError, ValueError, RecursionError):
         pass
     symbols = sorted(d.free_symbols, key=lambda s: s.name)
+    if not symbols:  # the symbols cancel (x^2 + 2x + 1 = x^2 + 2x + 2): the difference is a number
+        return _numeric(sp, "=", d, sp.Integer(0), 0)
     tried = 0
     for _ in range(POINTS * 3):
         point = {s: sp.Rational(rng.randint(-97, 97), rng.randint(1, 13)) for s in symbols}
@@ -226,6 +228,7 @@ def check_solution(steps: list[str], timeout: float = 2.0, seed: int = 0) -> lis
     S = _sympy()
     rng = random.Random(seed)
     defs: dict = {}
+    funcs: dict = {}  # one-letter functions the solution defined: name -> (variable, body)
     last_equation: list = []  # the solution's conditions, oldest first: (condition, step, case within the step)
     out = []
     previous = None
@@ -233,7 +236,7 @@ def check_solution(steps: list[str], timeout: float = 2.0, seed: int = 0) -> lis
         res = StepCheck()
         items, previous = extract(step, previous)
         if SCOPE != "solution":
-            defs = {}
+            defs, funcs = {}, {}
         conditions = []  # this step's equations, which a value it names may solve
         cases = [m.start() for m in _CASE.finditer(step)]  # where a case opens (if, suppose, for n = 4, ...)
         if not ACROSS:
@@ -248,7 +251,7 @@ def check_solution(steps: list[str], timeout: float = 2.0, seed: int = 0) -> lis
             before = len(conditions)
             try:
                 with _time_limit(timeout):
-                    verdict = _relation(S, it, defs, conditions, rng, history)
+                    verdict = _relation(S, it, defs, conditions, rng, history, funcs)
             except ClaimTimeout:
                 verdict = None
             except (TypeError, ValueError, ZeroDivisionError, RecursionError, OverflowError, AttributeError):
@@ -344,10 +347,40 @@ def _follows(sp, new, history: list) -> bool | None:
     return _numeric(sp, "=", cn, c * co, 0)
 
 
-def _relation(S: _Sympy, r: Relation, defs: dict, conditions: list, rng: random.Random, history: list):
+def _call(S: _Sympy, r: Relation, funcs: dict, rng: random.Random):
+    """A first link ``f(arg) = rhs``: a definition (``arg`` one variable that ``rhs`` uses; kept in ``funcs``,
+    "skip"), else an evaluation of an earlier definition: held / failed when the definition with ``arg`` put
+    in equals ``rhs`` (numerically, or as an identity in the symbols both sides share: ``p(1) = 12a^2 + ..``),
+    None (not parsed) when ``f`` is not defined or the sides are a condition (``f(1) = 5`` for
+    ``f(x) = ax + b``)."""
+    sp = S.sp
+    name, arg_text = r.call
+    arg, b = S.parse(arg_text), S.parse(r.rhs)
+    if arg is None or b is None:
+        return None
+    if arg.is_Symbol:
+        if arg in b.free_symbols:
+            funcs[name] = (arg, b)
+            return "skip"
+        return None  # f(x) = 0: a condition on x
+    if name not in funcs:
+        return None
+    var, body = funcs[name]
+    value = body.subs(var, arg)
+    if not (value.free_symbols | b.free_symbols):
+        return _numeric(sp, "=", value, b, r.decimals)
+    if not b.free_symbols or not value.free_symbols <= b.free_symbols:
+        return None  # a condition on the definition's parameters
+    return _identity_or_imaginary(sp, value, b, rng)
+
+
+def _relation(S: _Sympy, r: Relation, defs: dict, conditions: list, rng: random.Random, history: list,
+              funcs: dict | None = None):
     """True / False / None (not parsed) / "skip" (a definition, not a claim) for one relation; a condition
     updates ``conditions`` (this step's) and ``last_equation`` (the solution's latest)."""
     sp = S.sp
+    if r.call is not None:
+        return _call(S, r, funcs if funcs is not None else {}, rng)
     a, b = S.parse(r.lhs), S.parse(r.rhs)
     if b is None or (a is None and r.name is None):
         return None
