@@ -214,13 +214,15 @@ def _identity_or_imaginary(sp, a, b, rng):
     return same
 
 
-def check_solution(steps: list[str], timeout: float = 2.0, seed: int = 0) -> list[StepCheck]:
+def check_solution(steps: list[str], timeout: float = 2.0, seed: int = 0, problem: str | None = None) -> list[StepCheck]:
     """Check every claim of every step of one solution, in order (definitions carry forward).
 
     Args:
         steps: the solution's steps (text).
         timeout: seconds per claim (main thread only; 0: none).
         seed: for the random points of identity checks.
+        problem: the problem's text, or None: the one-letter functions it defines (``f(x) = 3x + 2``) are
+            known to every step (nothing else of it is read: its equations are conditions, not claims).
 
     Returns:
         One :class:`StepCheck` per step.
@@ -229,6 +231,15 @@ def check_solution(steps: list[str], timeout: float = 2.0, seed: int = 0) -> lis
     rng = random.Random(seed)
     defs: dict = {}
     funcs: dict = {}  # one-letter functions the solution defined: name -> (variable, body)
+    for it in extract(problem)[0] if problem else []:
+        if isinstance(it, Relation) and it.call is not None:
+            try:
+                with _time_limit(timeout):
+                    _call(S, it, funcs, rng)
+            except (ClaimTimeout, TypeError, ValueError, ZeroDivisionError, RecursionError, OverflowError,
+                    AttributeError):
+                pass
+    problem_funcs = dict(funcs)
     last_equation: list = []  # the solution's conditions, oldest first: (condition, step, case within the step)
     out = []
     previous = None
@@ -236,7 +247,7 @@ def check_solution(steps: list[str], timeout: float = 2.0, seed: int = 0) -> lis
         res = StepCheck()
         items, previous = extract(step, previous)
         if SCOPE != "solution":
-            defs, funcs = {}, {}
+            defs, funcs = {}, dict(problem_funcs)
         conditions = []  # this step's equations, which a value it names may solve
         cases = [m.start() for m in _CASE.finditer(step)]  # where a case opens (if, suppose, for n = 4, ...)
         if not ACROSS:
