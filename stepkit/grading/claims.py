@@ -364,14 +364,22 @@ _NAME = re.compile(r"\s*([A-Za-z])(?:_\{?(\d+)\}?)?\s*")
 _TEXT = re.compile(r"\\(?:text|mbox|mathrm|textbf|operatorname)\s*\{[^{}]*\}")
 
 
+_CONNECTIVE = re.compile(r",?\s*(?:and|or|so|thus|hence|then|where|since|because|if|when|gives|and so|which gives|we get|"
+                         r"is|i\.e\.|therefore|but)\s*,?")
+
+
 def _words(math: str) -> str:
     r"""``\text{..}`` in math mode: a unit after a number or a closing bracket is marked as a unit (dropped from
     the value, compared between the sides: ``2 \text{ dozen} = 24`` converts units and is not read); any
     other is a word (``\text{LCM} = ...``), marked so that its side is not parsed."""
     def one(m: re.Match) -> str:
         before = math[:m.start()].rstrip()
-        if before and (before[-1].isdigit() or before[-1] in ")}]"):
-            unit = re.sub(r"^\\\w+\s*\{|\}$", "", m.group()).strip().lower().rstrip("s")
+        raw = re.sub(r"^\\\w+\s*\{|\}$", "", m.group()).strip().lower()
+        unit = raw.rstrip("s")
+        if _CONNECTIVE.fullmatch(raw):
+            return " ; "  # \text{ or }, \text{and}: two claims, split as in prose
+        if before and (before[-1].isdigit() or before[-1] in ")}]") and len(unit.split()) <= 2 and \
+                not re.search(r"\b(?:for|some|where|with|and|or|if|is|of|integer)\b", unit):
             return f" \x02{unit}\x02 "
         return " \x01 "
     return _TEXT.sub(one, math)

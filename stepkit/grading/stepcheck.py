@@ -52,6 +52,7 @@ SOLVED = True  # check a named value against the equation its step wrote before 
 SUBSTITUTE_CONDITIONS = False  # put definitions into a first link with symbols (else it is a new condition)
 ACROSS = True  # compare a linear equation with the previous step's too (else only within a step)
 LINEAR = True  # a linear equation in one variable must keep the root of the one before it
+RESTATE_EXEMPT = ("x", "y", "z")  # names a solution reuses for new curves (y = 2x + 3, then y = -x + 1)
 SCOPE = "solution"  # where a definition holds: "solution" (later steps too), "step" (its own step), "none"
 _TINY = 1e-25
 
@@ -230,6 +231,7 @@ def check_solution(steps: list[str], timeout: float = 2.0, seed: int = 0, proble
     S = _sympy()
     rng = random.Random(seed)
     defs: dict = {}
+    symbolic: dict = {}  # the latest symbolic value of each name (R = 225000 + 4000n - 50n^2)
     funcs: dict = {}  # one-letter functions the solution defined: name -> (variable, body)
     for it in extract(problem)[0] if problem else []:
         if isinstance(it, Relation) and it.call is not None:
@@ -247,7 +249,7 @@ def check_solution(steps: list[str], timeout: float = 2.0, seed: int = 0, proble
         res = StepCheck()
         items, previous = extract(step, previous)
         if SCOPE != "solution":
-            defs, funcs = {}, dict(problem_funcs)
+            defs, funcs, symbolic = {}, dict(problem_funcs), {}
         conditions = []  # this step's equations, which a value it names may solve
         cases = [m.start() for m in _CASE.finditer(step)]  # where a case opens (if, suppose, for n = 4, ...)
         if not ACROSS:
@@ -262,7 +264,8 @@ def check_solution(steps: list[str], timeout: float = 2.0, seed: int = 0, proble
             before = len(conditions)
             try:
                 with _time_limit(timeout):
-                    verdict = _relation(S, it, defs, conditions, rng, history, funcs)
+                    verdict = _relation(S, it, defs, conditions, rng, history, funcs, None if case else symbolic,
+                                        len(out))
             except ClaimTimeout:
                 verdict = None
             except (TypeError, ValueError, ZeroDivisionError, RecursionError, OverflowError, AttributeError):
@@ -386,7 +389,7 @@ def _call(S: _Sympy, r: Relation, funcs: dict, rng: random.Random):
 
 
 def _relation(S: _Sympy, r: Relation, defs: dict, conditions: list, rng: random.Random, history: list,
-              funcs: dict | None = None):
+              funcs: dict | None = None, symbolic: dict | None = None, step: int = 0):
     """True / False / None (not parsed) / "skip" (a definition, not a claim) for one relation; a condition
     updates ``conditions`` (this step's) and ``last_equation`` (the solution's latest)."""
     sp = S.sp
@@ -397,8 +400,14 @@ def _relation(S: _Sympy, r: Relation, defs: dict, conditions: list, rng: random.
         return None
     if r.name is not None and r.op == "=":
         value = b.subs(defs) if b.free_symbols else b
-        if value.free_symbols:
-            return "skip"  # a symbolic definition (y = 2x + 1): not a claim, not kept
+        if value.free_symbols:  # a symbolic definition (R = (300 - 5n)(750 + 10n)): no claim, unless it restates
+            if symbolic is None or r.name in RESTATE_EXEMPT:  # one (R = 225000 + 4000n - 50n^2 after it)
+                return "skip"
+            before, where = symbolic.get(r.name, (None, step))
+            symbolic[r.name] = (value, step)
+            if before is None or where == step or before.free_symbols != value.free_symbols:
+                return "skip"  # (two values in one step: the roots of an equation, w = .. and w = ..)
+            return _identity_or_imaginary(sp, before, value, rng)
         if SCOPE != "none":
             defs[sp.Symbol(r.name)] = value
         name = sp.Symbol(r.name)
