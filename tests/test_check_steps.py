@@ -215,3 +215,13 @@ def test_the_exact_chance_test_of_the_benchmark():
     assert bench.upper_tail([0.25] * 10, 4) == pytest.approx(
         sum(math.comb(10, j) * 0.25 ** j * 0.75 ** (10 - j) for j in range(4, 11)))
     assert bench.half_of("math-0") in ("tune", "heldout")
+
+
+def test_two_expressions_the_prose_equates_are_checked(pb_math):
+    r"""math-175 step 5 (the human first error): '\(4(x^2 + \frac{1}{2}x + \frac{1}{16})\) equals
+    \((2x + \frac{1}{4})^2\)' (the square is 4x^2 + x + 1/16); math-691 step 2 (a correct solution): '\(4\)
+    divided by \(\frac{4}{9}\) equals \(9\)' relates 9 to the whole phrase, not to 4/9: not read."""
+    (c,) = check_solution([step(pb_math, "math-175", 5)])
+    assert c.failures == ["4(x^2 + \\frac{1}{2}x + \\frac{1}{16}) = (2x + \\frac{1}{4})^2"]
+    (c,) = check_solution([step(pb_math, "math-691", 2)])
+    assert c.failed == 0

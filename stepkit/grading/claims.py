@@ -464,8 +464,14 @@ def _relations(math: str, previous: str | None) -> tuple[list[Relation], str | N
     return out, last
 
 
+_SAID = re.compile(r"\s*(?:equals|is equal to|is the same as|simplifies to|reduces to|evaluates to)\s*", re.I)
+_OPERAND = re.compile(r"(?:divided by|times|plus|minus|of|multiplied by|over|power|and|from|by|[-+*/=×÷])\s*$", re.I)
+_SAID_END = re.compile(r"\s*(?:[.,;:]|$|(?:and|so|which|since|because|as|when)\b)")
+
+
 def extract(step: str, previous: str | None = None) -> tuple[list[Item], str | None]:
-    r"""Every claim of one step, in text order: the :class:`Relation` links of its math-mode spans, the
+    r"""Every claim of one step, in text order: the :class:`Relation` links of its math-mode spans (and of two
+    bare expressions the prose relates, ``\(a\) equals \(b\)``, ``simplifies to``: a ``later`` link), the
     :class:`Arithmetic` claims and :class:`Remainder` divisions of its plain text.
 
     Args:
@@ -479,10 +485,17 @@ def extract(step: str, previous: str | None = None) -> tuple[list[Item], str | N
     items: list[tuple[int, Item]] = []
     plain, pos = [], 0
     last = previous
+    bare = None  # the previous span when it was a bare expression: (its body, where it ends, where it starts)
     for m in _MATH.finditer(step):
         plain.append(step[pos:m.start()])
-        pos = m.end()
         body = next(g for g in (m.group(1), m.group(2), m.group(3), m.group(4), m.group(6)) if g is not None)
+        said = bare is not None and _SAID.fullmatch(step[bare[1]:m.start()]) and \
+            _SAID_END.match(step[m.end():m.end() + 12]) and not _OPERAND.search(step[max(0, bare[2] - 30):bare[2]])
+        if said and not _REL.search(body):  # \(4(x^2 + \frac{1}{2}x)\) equals \((2x + \frac{1}{4})^2\)
+            items.append((m.start(), Relation(to_expression(bare[0]), to_expression(body), "=",
+                                              f"{bare[0].strip()} = {body.strip()}"[:200], "later", at=m.start())))
+        bare = (body, m.end(), m.start()) if not _REL.search(body) else None
+        pos = m.end()
         rels, after = _relations(body, last)
         if rels or m.group(3) is None and m.group(4) is None:
             last = after  # a bare expression inline in prose (``distribute \(7a^3\)``) is a mention, not a result
