@@ -225,3 +225,17 @@ def test_two_expressions_the_prose_equates_are_checked(pb_math):
     assert c.failures == ["4(x^2 + \\frac{1}{2}x + \\frac{1}{16}) = (2x + \\frac{1}{4})^2"]
     (c,) = check_solution([step(pb_math, "math-691", 2)])
     assert c.failed == 0
+
+
+def test_a_reversed_plain_text_product_is_checked(pb_math):
+    """math-375 step 5 (the human first error): 'the GCD of 187 and 77 is 13 because 187 = 13 * 14 and
+    77 = 13 * 5 + 2' (13 * 14 is 182, 13 * 5 + 2 is 67); '2 / 20 = 1 / 10' is one claim, not 20 = 1 / 10."""
+    (c,) = check_solution([step(pb_math, "math-375", 5)])
+    assert c.failures == ["187 = 13 * 14", "77 = 13 * 5 + 2"]
+    (c,) = check_solution(["Probability = 2 / 20 = 1 / 10."])
+    assert c.failed == 0
+    # gsm8k-304 step 2 and gsm8k-258 step 1 (correct): thousands separators and dollar amounts are not cut
+    (c,) = check_solution(["Candles that can potentially explode = 1% of 50,000 = 0.01 * 50,000 = 500 candles"])
+    assert c.failed == 0
+    (c,) = check_solution(["Selling price = $1.60 + $0.40 = $2.00 per watermelon, so 25% of $1.60 = $0.40."])
+    assert c.failed == 0

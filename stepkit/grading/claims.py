@@ -466,6 +466,8 @@ def _relations(math: str, previous: str | None) -> tuple[list[Relation], str | N
 
 _SAID = re.compile(r"\s*(?:equals|is equal to|is the same as|simplifies to|reduces to|evaluates to)\s*", re.I)
 _OPERAND = re.compile(r"(?:divided by|times|plus|minus|of|multiplied by|over|power|and|from|by|[-+*/=×÷])\s*$", re.I)
+_REVERSED = re.compile(r"(?<![\w.,$^/*+×÷=-])(?<![/*+×÷=-]\s)(\d+(?:\.\d+)?)[ \t]*=[ \t]*"
+                       r"(\d+(?:\.\d+)?(?:[ \t]*[-+*/×÷x][ \t]*\d+(?:\.\d+)?)+)(?![\w^$]|[.,]\d|[ \t]*[-+*/×÷=(])")
 _SAID_END = re.compile(r"\s*(?:[.,;:]|$|(?:and|so|which|since|because|as|when)\b)")
 
 
@@ -503,6 +505,11 @@ def extract(step: str, previous: str | None = None) -> tuple[list[Item], str | N
         plain.append(" " * (m.end() - m.start()))
     plain.append(step[pos:])
     text = "".join(plain)
+    marked = "".join(p if k % 2 == 0 else "\x03" for k, p in enumerate(plain))  # a math span: one mark
+    for m in _REVERSED.finditer(marked):  # plain text 187 = 13 * 14 (read_step reads a op b = c only)
+        lhs, rhs = to_expression(m.group(1)), to_expression(re.sub(r"(?<=\d)\s*x\s*(?=\d)", "*", m.group(2)))
+        if lhs is not None and rhs is not None:
+            items.append((m.start(), Relation(lhs, rhs, "=", m.group()[:200], "first", decimals=_decimals(m.group(1)))))
     for m in _REMAINDER.finditer(text):
         a, b, q, r = (int(g.replace(",", "")) for g in m.groups())
         items.append((m.start(), Remainder(m.group()[:200], a, b, q, r)))
