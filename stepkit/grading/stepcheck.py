@@ -30,10 +30,14 @@ identities) and which are conditions:
   not parsed;
 * a ``first`` link with free symbols is a condition (no definition is put in: ``x + y + z = 2`` after
   ``x = 3`` is a new equation, not a claim about 3): held when it is an identity;
-  else, when it and the condition before it (in this step or an earlier one) are both linear
-  in the same one variable, it must have the same root (``-7y - 1 = -3`` then ``-7y = -4`` fails: an
-  equation rewritten step by step keeps its solution); else not parsed. It is remembered, so that a value
-  the step then names (``y = \frac{4}{7}``) is checked against it.
+  else it is compared with the earlier conditions in the same symbols (:func:`_follows`: held when a
+  rearrangement of one; failed when, in one variable with rational polynomial sides, it shares no root with
+  any, or when it has the latest one's symbol terms with another constant, a term moved wrongly; inside a
+  case, ``if``/``suppose``/``for n = 4``, only the case's own conditions count); else not parsed. It is
+  remembered, so that a value the step then names (``y = \frac{4}{7}``) is checked against it.
+* ``f(x) = <body>`` defines a one-letter function (also from the problem text); ``f(2) = ..`` evaluates it.
+  A name restated in a later step with another symbolic value (``c = 2d``, then ``c = \frac{1}{2}d``) must
+  be an identity (not inside a case; ``x``, ``y``, ``z`` exempt).
 """
 
 from __future__ import annotations
