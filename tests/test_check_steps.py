@@ -44,9 +44,72 @@ def test_a_wrong_fraction_step_fails(pb_math):
 
 
 def test_an_undefined_variable_is_not_parsed_never_failed(pb_math):
-    text = step(pb_math, "math-15", 1)  # x^2 - 3x = 1 and (x - 1)(x - 3) = 0: conditions on an unknown x
+    text = step(pb_math, "math-15", 1).split(". ")[0]  # x^2 - 3x = 1: a condition on an unknown x
     (c,) = check_solution([text])
-    assert c.failed == 0 and c.held == 0 and c.not_parsed == 2
+    assert c.failed == 0 and c.held == 0 and c.not_parsed == 1
+    (c,) = check_solution([step(pb_math, "math-195", 0)])  # x^2 = 10n + r: n, r defined nowhere
+    assert c.failed == 0 and c.held == 0 and c.not_parsed == 1
+
+
+# The kinds of miss found on the tuning (even sha256-parity) half of ProcessBench math, one real row each.
+
+def test_an_equation_rewritten_with_other_roots_fails(pb_math):
+    r"""math-15 step 1 (the human first error): x^2 - 3x = 1, 'factoring' to (x - 1)(x - 3) = 0, whose roots
+    1 and 3 solve no earlier equation in x."""
+    (c,) = check_solution([step(pb_math, "math-15", 1)])
+    assert (c.held, c.failed, c.not_parsed) == (0, 1, 1) and c.failures == ["(x - 1)(x - 3) = 0"]
+
+
+def test_a_term_moved_with_a_wrong_constant_fails(pb_math):
+    r"""math-59 step 0 (the human first error): 12x^2 - 32x - 7 + 2\sqrt{..} = 9 'rearranged' to
+    2\sqrt{..} = 16 - 12x^2 + 32x + 7 (the 7 counted twice); the correct rearrangements before it hold."""
+    (c,) = check_solution([step(pb_math, "math-59", 0)])
+    assert c.failures[0].startswith("2\\sqrt{(3x^2 - 8x + 1)(9x^2 - 24x - 8)} = 16 - 12x^2 + 32x + 7")
+    assert c.held >= 1
+
+
+def test_a_rewritten_linear_equation_in_a_case_is_checked_within_the_case(pb_math):
+    r"""math-999 step 2 (the human first error): 'For n = 2, we have 6k - 2 = 2m. Simplifying gives 3k = m'
+    (it is 3k - 1 = m): inside a case the equations of the case are compared."""
+    (c,) = check_solution([step(pb_math, "math-999", 2)])
+    assert c.failures == ["3k = m"]
+
+
+def test_a_case_split_is_no_error(pb_math):
+    r"""math-741 (a correct solution): x - 8 = 12 or x - 8 = -12 are two cases of (x - 8)^2 = 144, not an
+    equation rewritten with another root."""
+    steps = pb_math["math-741"]["steps"]
+    checks = check_solution(steps, problem=pb_math["math-741"]["problem"])
+    assert all(c.failed == 0 for c in checks)
+
+
+def test_a_boxed_result_is_read(pb_math):
+    r"""math-101 step 3 (the human first error): (3/2)^2 - 2(2) = \boxed{\frac{1}{4}} (it is -7/4)."""
+    (c,) = check_solution([step(pb_math, "math-101", 3)])
+    assert c.failed == 1 and "boxed" in c.failures[0]
+
+
+def test_a_defined_function_is_evaluated(pb_math):
+    r"""math-940 step 0 (the human first error): p(x) = x^6 + 3ax^5 + ... defined, then p(1) = 12a^2 + 12a + 12
+    (it is a^3 + 6a^2 + 12a + 8) and p(-1) = 12a^2 - 12a + 12: evaluations of the definition, both false."""
+    (c,) = check_solution([step(pb_math, "math-940", 0)])
+    assert c.failures == ["p(1) = 12a^2 + 12a + 12", "p(-1) = 12a^2 - 12a + 12"]
+    # a true evaluation holds; an application of an undefined function is not parsed
+    (c,) = check_solution(["Let \\( f(x) = 12x + 7 \\). Then \\( f(15) = 187 \\) and \\( g(2) = 5 \\)."])
+    assert (c.held, c.failed, c.not_parsed) == (1, 0, 1)
+
+
+def test_a_name_restated_with_another_value_fails(pb_math):
+    r"""math-143 step 1 (the human first error): step 0 found c = 2d; step 1 substitutes c = \frac{1}{2}d."""
+    steps = pb_math["math-143"]["steps"][:2]
+    checks = check_solution(steps)
+    assert checks[0].failed == 0 and checks[1].failures[0] == "c = \\frac{1}{2}d"
+
+
+def test_a_rounded_value_is_not_checked_against_its_equation(pb_math):
+    r"""math-908 step 1 (a correct solution): y = \frac{199.1}{2} approximates a root of y^2 + 6y - 10508 = 0."""
+    (c,) = check_solution([step(pb_math, "math-908", 1)])
+    assert c.failed == 0
 
 
 def test_substitution_uses_earlier_definitions_and_a_wrong_evaluation_fails(pb_math):
@@ -84,6 +147,12 @@ def test_a_math500_reference_solution_holds():
     ("AB^2", None),       # a segment, not A * B^2
     ("1 \\pm \\sqrt{19}", None),
     ("\\sin 30^\\circ", None),  # degrees inside a trigonometric function
+    ("\\binom{6}{3}", "binomial((6),(3))"),
+    ("\\left| \\frac{\\sqrt{7}}{2} \\right|", "abs(((sqrt(7))/(2)))"),
+    ("|11 - (-5)|", "abs(11-(-5))"),
+    ("\\log_2 256", "(log(256)/log(2))"),
+    ("\\log_2 x^3", None),     # log(x^3) or (log x)^3: not read
+    ("\\boxed{-8}", "(-8)"),
 ])
 def test_to_expression(latex, expr):
     assert to_expression(latex) == expr
@@ -146,3 +215,27 @@ def test_the_exact_chance_test_of_the_benchmark():
     assert bench.upper_tail([0.25] * 10, 4) == pytest.approx(
         sum(math.comb(10, j) * 0.25 ** j * 0.75 ** (10 - j) for j in range(4, 11)))
     assert bench.half_of("math-0") in ("tune", "heldout")
+
+
+def test_two_expressions_the_prose_equates_are_checked(pb_math):
+    r"""math-175 step 5 (the human first error): '\(4(x^2 + \frac{1}{2}x + \frac{1}{16})\) equals
+    \((2x + \frac{1}{4})^2\)' (the square is 4x^2 + x + 1/16); math-691 step 2 (a correct solution): '\(4\)
+    divided by \(\frac{4}{9}\) equals \(9\)' relates 9 to the whole phrase, not to 4/9: not read."""
+    (c,) = check_solution([step(pb_math, "math-175", 5)])
+    assert c.failures == ["4(x^2 + \\frac{1}{2}x + \\frac{1}{16}) = (2x + \\frac{1}{4})^2"]
+    (c,) = check_solution([step(pb_math, "math-691", 2)])
+    assert c.failed == 0
+
+
+def test_a_reversed_plain_text_product_is_checked(pb_math):
+    """math-375 step 5 (the human first error): 'the GCD of 187 and 77 is 13 because 187 = 13 * 14 and
+    77 = 13 * 5 + 2' (13 * 14 is 182, 13 * 5 + 2 is 67); '2 / 20 = 1 / 10' is one claim, not 20 = 1 / 10."""
+    (c,) = check_solution([step(pb_math, "math-375", 5)])
+    assert c.failures == ["187 = 13 * 14", "77 = 13 * 5 + 2"]
+    (c,) = check_solution(["Probability = 2 / 20 = 1 / 10."])
+    assert c.failed == 0
+    # gsm8k-304 step 2 and gsm8k-258 step 1 (correct): thousands separators and dollar amounts are not cut
+    (c,) = check_solution(["Candles that can potentially explode = 1% of 50,000 = 0.01 * 50,000 = 500 candles"])
+    assert c.failed == 0
+    (c,) = check_solution(["Selling price = $1.60 + $0.40 = $2.00 per watermelon, so 25% of $1.60 = $0.40."])
+    assert c.failed == 0

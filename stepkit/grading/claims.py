@@ -27,11 +27,11 @@ error. Linear in the text; raises nothing on odd text.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from stepkit.grading.clues import read_step
 
-FUNCTIONS = ("sqrt", "sin", "cos", "tan", "log", "exp", "binomial", "factorial", "floor", "ceiling")
+FUNCTIONS = ("sqrt", "sin", "cos", "tan", "log", "exp", "binomial", "factorial", "floor", "ceiling", "abs")
 RELATIONS = {"=": "=", "<": "<", ">": ">", "\\le": "<=", "\\leq": "<=", "\\ge": ">=", "\\geq": ">=",
              "\\ne": "!=", "\\neq": "!=", "\\approx": "~", "≈": "~", "≤": "<=", "≥": ">=", "≠": "!=",
              "\\leqslant": "<=", "\\geqslant": ">="}
@@ -53,6 +53,10 @@ class Relation:
             quotient (``2863 \div 1344 = 2``), which may be the exact value rounded down.
         rounded_input: the left side holds a decimal (``(2.8284)^2 = 8``): its inputs were rounded, so the
             claim holds within 1%.
+        at: where its math span starts in the step's text (-1: not set).
+        call: a first link whose left side applies a one-letter function, ``f(2x + 1)``: ``(f, argument as a
+            plain expression)``; the argument one variable (``f(x) = x^2 + 1``) defines ``f``, any other
+            evaluates an earlier definition (a substitution: ``f(15) = 12(15) + 7``).
     """
 
     lhs: str | None
@@ -64,6 +68,8 @@ class Relation:
     decimals: int = 0
     whole: bool = False
     rounded_input: bool = False
+    at: int = -1
+    call: tuple[str, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -108,7 +114,7 @@ _UNITS = re.compile(r"\\(?:text|mathrm|textbf|mbox|operatorname)\s*\{[^{}]*\}")
 _COMMAND = re.compile(r"\\([A-Za-z]+)")
 _REFUSE = re.compile(r"\\(?:pm|mp|infty|in|notin|cup|cap|sum|prod|int|lim|vec|overline|angle|triangle|mid|equiv|"
                      r"pmod|bmod|mod|cdots|ldots|dots|subset|cong|sim|perp|parallel)(?![A-Za-z])|%|\||\\?\$")
-_TOKEN = re.compile(r"\s*(?:(\d+\.\d*|\.\d+|\d+)|([A-Za-z]+(?:_\d+)?)|(\*\*|[-+*/()]))")
+_TOKEN = re.compile(r"\s*(?:(\d+\.\d*|\.\d+|\d+)|([A-Za-z]+(?:_\d+)?)|(\*\*|[-+*/(),]))")
 _LATEX_FUNCS = {"sin": "sin", "cos": "cos", "tan": "tan", "log": "log", "ln": "log", "exp": "exp", "pi": "pi",
                 "sqrt": "sqrt", "cdot": "*", "times": "*", "div": "/", "ast": "*", "lfloor": "floor(",
                 "rfloor": ")", "lceil": "ceiling(", "rceil": ")"}
@@ -183,14 +189,80 @@ def _latex_structures(s: str) -> str | None:
     return "".join(out)
 
 
+def _unbox(s: str) -> str:
+    r"""``\boxed{x}`` (and ``\fbox``) replaced by ``x``: the answer box is no part of the value."""
+    while True:
+        m = re.search(r"\\(?:boxed|fbox)(?![A-Za-z])", s)
+        if not m:
+            return s
+        g = _braced(s, m.end())
+        if not g:
+            return s
+        s = s[:m.start()] + "{" + g[0] + "}" + s[g[1]:]
+
+
+def _bars(s: str) -> str | None:
+    r"""Absolute values ``\left| x \right|``, ``|x|`` (one pair) as ``abs(x)``; a norm ``\|`` or more bars than
+    one pair outside ``\left \right``: None."""
+    if s is None or "\\|" in s:
+        return None
+    s = re.sub(r"\\left\s*\||\\lvert", " abs(", s)
+    s = re.sub(r"\\right\s*\||\\rvert", ") ", s)
+    if s.count("|") == 2:
+        i = s.index("|")
+        j = s.index("|", i + 1)
+        s = s[:i] + " abs(" + s[i + 1:j] + ") " + s[j + 1:]
+    return None if "|" in s else s
+
+
+_LOG = re.compile(r"\\log_\s*(\{[^{}]*\}|\d+|[A-Za-z])\s*")
+
+
+def _logs(s: str) -> str | None:
+    r"""``\log_b x`` as ``(log(x)/log(b))``: the argument a brace group, a parenthesised group, a number or one
+    letter (not followed by ``^``: ``\log_2 x^3`` is ambiguous); None for any other."""
+    while True:
+        m = _LOG.search(s)
+        if not m:
+            return s
+        base = m.group(1).strip("{}")
+        i = m.end()
+        j = None
+        if s.startswith("\\left(", i) or s.startswith("(", i) or s.startswith("{", i):
+            opener = "{" if s[i] == "{" else "("
+            closer = "}" if opener == "{" else ")"
+            depth = 0
+            for k in range(i, len(s)):
+                depth += s[k] == opener
+                depth -= s[k] == closer
+                if depth == 0 and s[k] == closer:
+                    j = k + 1
+                    break
+            if j is None:
+                return None
+            arg = s[i:j]
+            if opener == "{":
+                arg = "(" + arg[1:-1] + ")"
+        else:
+            a = re.match(r"\d+(?:\.\d+)?|[A-Za-z](?![A-Za-z])", s[i:])
+            if not a or s[i + a.end():].lstrip().startswith("^"):
+                return None
+            j = i + a.end()
+            arg = a.group()
+        s = s[:m.start()] + "{\\log(" + arg + ")/\\log(" + base + ")}" + s[j:]
+
+
 def to_expression(latex: str) -> str | None:
     r"""A side of a relation (LaTeX or plain) as a plain expression over the closed vocabulary of the module
     docstring, with every product explicit (``2x(x+1)`` -> ``2*x*(x+1)``) and every decimal an exact
     fraction (``0.75`` -> ``(75/100)``); None when any part of it is outside that vocabulary."""
-    s = latex.strip().rstrip(".,;:").strip()
+    s = _unbox(latex.strip()).rstrip(".,;:").strip()
     s = _UNIT.sub(" ", s).strip()
     if not s or len(s) > 400 or "\x01" in s or s[0] in "+*/^" or s[-1] in "+-*/^":
         return None  # a word, or a part cut out of a longer expression
+    s = _bars(_logs(s)) if "|" in s or "\\log_" in s else s
+    if s is None:
+        return None
     if _REFUSE.search(s) or re.search(r"[A-Za-z]\s*\^\s*\{\s*-\s*1\s*\}\s*\(", s):
         return None  # (f^{-1}(2): an inverse function)
     if re.search(r"\\circ|°", s):
@@ -281,7 +353,7 @@ def _explicit(s: str) -> str | None:
 
 
 def _decimals(text: str) -> int:
-    m = re.fullmatch(r"\s*-?\d*\.(\d+)\s*", text)
+    m = re.fullmatch(r"\s*\{?\s*-?\d*\.(\d+)\s*\}?\s*", _unbox(text))
     return len(m.group(1)) if m else 0
 
 
@@ -292,14 +364,22 @@ _NAME = re.compile(r"\s*([A-Za-z])(?:_\{?(\d+)\}?)?\s*")
 _TEXT = re.compile(r"\\(?:text|mbox|mathrm|textbf|operatorname)\s*\{[^{}]*\}")
 
 
+_CONNECTIVE = re.compile(r",?\s*(?:and|or|so|thus|hence|then|where|since|because|if|when|gives|and so|which gives|we get|"
+                         r"is|i\.e\.|therefore|but)\s*,?")
+
+
 def _words(math: str) -> str:
     r"""``\text{..}`` in math mode: a unit after a number or a closing bracket is marked as a unit (dropped from
     the value, compared between the sides: ``2 \text{ dozen} = 24`` converts units and is not read); any
     other is a word (``\text{LCM} = ...``), marked so that its side is not parsed."""
     def one(m: re.Match) -> str:
         before = math[:m.start()].rstrip()
-        if before and (before[-1].isdigit() or before[-1] in ")}]"):
-            unit = re.sub(r"^\\\w+\s*\{|\}$", "", m.group()).strip().lower().rstrip("s")
+        raw = re.sub(r"^\\\w+\s*\{|\}$", "", m.group()).strip().lower()
+        unit = raw.rstrip("s")
+        if _CONNECTIVE.fullmatch(raw):
+            return " ; "  # \text{ or }, \text{and}: two claims, split as in prose
+        if before and (before[-1].isdigit() or before[-1] in ")}]") and len(unit.split()) <= 2 and \
+                not re.search(r"\b(?:for|some|where|with|and|or|if|is|of|integer)\b", unit):
             return f" \x02{unit}\x02 "
         return " \x01 "
     return _TEXT.sub(one, math)
@@ -310,6 +390,19 @@ _UNIT = re.compile("\x02([^\x02]*)\x02")
 
 def _units(part: str) -> set[str]:
     return set(_UNIT.findall(part))
+
+
+_CALL = re.compile(r"\s*([fghpqPQFGH])\s*(?:\\left\s*)?\(\s*(.+?)\s*(?:\\right\s*)?\)\s*")
+
+
+def _balanced(s: str) -> bool:
+    depth = 0
+    for ch in s:
+        depth += ch in "({["
+        depth -= ch in ")}]"
+        if depth < 0:
+            return False
+    return depth == 0
 
 
 def _relations(math: str, previous: str | None) -> tuple[list[Relation], str | None]:
@@ -359,15 +452,28 @@ def _relations(math: str, previous: str | None) -> tuple[list[Relation], str | N
             m = _NAME.fullmatch(left)
             if link == "first" and op == "=" and m:
                 name = m.group(1) + (f"_{m.group(2)}" if m.group(2) else "")
+            call = None
+            mc = _CALL.fullmatch(left) if link == "first" and op == "=" else None
+            if mc and _balanced(mc.group(2)):
+                arg = to_expression(mc.group(2))
+                call = (mc.group(1), arg) if arg is not None else None
             whole = bool(re.search(r"\\div|÷", left)) and bool(re.fullmatch(r"\s*\d+\s*\.?\s*", right))
             out.append(Relation(exprs[k], exprs[k + 1], op, f"{left.strip()} {op} {right.strip()}".replace("\x01", "[text]")[:200], link, name,
-                                _decimals(right), whole, bool(re.search(r"\d\.\d", left))))
+                                _decimals(right), whole, bool(re.search(r"\d\.\d", left)), call=call))
         last = parts[-1] if parts[-1].strip() else last
     return out, last
 
 
+_SAID = re.compile(r"\s*(?:equals|is equal to|is the same as|simplifies to|reduces to|evaluates to)\s*", re.I)
+_OPERAND = re.compile(r"(?:divided by|times|plus|minus|of|multiplied by|over|power|and|from|by|[-+*/=×÷])\s*$", re.I)
+_REVERSED = re.compile(r"(?<![\w.,$^/*+×÷=-])(?<![/*+×÷=-]\s)(\d+(?:\.\d+)?)[ \t]*=[ \t]*"
+                       r"(\d+(?:\.\d+)?(?:[ \t]*[-+*/×÷x][ \t]*\d+(?:\.\d+)?)+)(?![\w^$]|[.,]\d|[ \t]*[-+*/×÷=(])")
+_SAID_END = re.compile(r"\s*(?:[.,;:]|$|(?:and|so|which|since|because|as|when)\b)")
+
+
 def extract(step: str, previous: str | None = None) -> tuple[list[Item], str | None]:
-    r"""Every claim of one step, in text order: the :class:`Relation` links of its math-mode spans, the
+    r"""Every claim of one step, in text order: the :class:`Relation` links of its math-mode spans (and of two
+    bare expressions the prose relates, ``\(a\) equals \(b\)``, ``simplifies to``: a ``later`` link), the
     :class:`Arithmetic` claims and :class:`Remainder` divisions of its plain text.
 
     Args:
@@ -381,15 +487,29 @@ def extract(step: str, previous: str | None = None) -> tuple[list[Item], str | N
     items: list[tuple[int, Item]] = []
     plain, pos = [], 0
     last = previous
+    bare = None  # the previous span when it was a bare expression: (its body, where it ends, where it starts)
     for m in _MATH.finditer(step):
         plain.append(step[pos:m.start()])
-        pos = m.end()
         body = next(g for g in (m.group(1), m.group(2), m.group(3), m.group(4), m.group(6)) if g is not None)
-        rels, last = _relations(body, last)
-        items += [(m.start(), r) for r in rels]
+        said = bare is not None and _SAID.fullmatch(step[bare[1]:m.start()]) and \
+            _SAID_END.match(step[m.end():m.end() + 12]) and not _OPERAND.search(step[max(0, bare[2] - 30):bare[2]])
+        if said and not _REL.search(body):  # \(4(x^2 + \frac{1}{2}x)\) equals \((2x + \frac{1}{4})^2\)
+            items.append((m.start(), Relation(to_expression(bare[0]), to_expression(body), "=",
+                                              f"{bare[0].strip()} = {body.strip()}"[:200], "later", at=m.start())))
+        bare = (body, m.end(), m.start()) if not _REL.search(body) else None
+        pos = m.end()
+        rels, after = _relations(body, last)
+        if rels or m.group(3) is None and m.group(4) is None:
+            last = after  # a bare expression inline in prose (``distribute \(7a^3\)``) is a mention, not a result
+        items += [(m.start(), replace(r, at=m.start())) for r in rels]
         plain.append(" " * (m.end() - m.start()))
     plain.append(step[pos:])
     text = "".join(plain)
+    marked = "".join(p if k % 2 == 0 else "\x03" for k, p in enumerate(plain))  # a math span: one mark
+    for m in _REVERSED.finditer(marked):  # plain text 187 = 13 * 14 (read_step reads a op b = c only)
+        lhs, rhs = to_expression(m.group(1)), to_expression(re.sub(r"(?<=\d)\s*x\s*(?=\d)", "*", m.group(2)))
+        if lhs is not None and rhs is not None:
+            items.append((m.start(), Relation(lhs, rhs, "=", m.group()[:200], "first", decimals=_decimals(m.group(1)))))
     for m in _REMAINDER.finditer(text):
         a, b, q, r = (int(g.replace(",", "")) for g in m.groups())
         items.append((m.start(), Remainder(m.group()[:200], a, b, q, r)))

@@ -30,15 +30,20 @@ identities) and which are conditions:
   not parsed;
 * a ``first`` link with free symbols is a condition (no definition is put in: ``x + y + z = 2`` after
   ``x = 3`` is a new equation, not a claim about 3): held when it is an identity;
-  else, when it and the condition before it (in this step or an earlier one) are both linear
-  in the same one variable, it must have the same root (``-7y - 1 = -3`` then ``-7y = -4`` fails: an
-  equation rewritten step by step keeps its solution); else not parsed. It is remembered, so that a value
-  the step then names (``y = \frac{4}{7}``) is checked against it.
+  else it is compared with the earlier conditions in the same symbols (:func:`_follows`: held when a
+  rearrangement of one; failed when, in one variable with rational polynomial sides, it shares no root with
+  any, or when it has the latest one's symbol terms with another constant, a term moved wrongly; inside a
+  case, ``if``/``suppose``/``for n = 4``, only the case's own conditions count); else not parsed. It is
+  remembered, so that a value the step then names (``y = \frac{4}{7}``) is checked against it.
+* ``f(x) = <body>`` defines a one-letter function (also from the problem text); ``f(2) = ..`` evaluates it.
+  A name restated in a later step with another symbolic value (``c = 2d``, then ``c = \frac{1}{2}d``) must
+  be an identity (not inside a case; ``x``, ``y``, ``z`` exempt).
 """
 
 from __future__ import annotations
 
 import random
+import re
 import signal
 import threading
 from contextlib import contextmanager
@@ -51,6 +56,7 @@ SOLVED = True  # check a named value against the equation its step wrote before 
 SUBSTITUTE_CONDITIONS = False  # put definitions into a first link with symbols (else it is a new condition)
 ACROSS = True  # compare a linear equation with the previous step's too (else only within a step)
 LINEAR = True  # a linear equation in one variable must keep the root of the one before it
+RESTATE_EXEMPT = ("x", "y", "z")  # names a solution reuses for new curves (y = 2x + 3, then y = -x + 1)
 SCOPE = "solution"  # where a definition holds: "solution" (later steps too), "step" (its own step), "none"
 _TINY = 1e-25
 
@@ -108,7 +114,7 @@ class _Sympy:
         from sympy.parsing.sympy_parser import parse_expr
 
         self.sp, self.parse_expr = sympy, parse_expr
-        self.names = {"sqrt": sympy.sqrt, "sin": sympy.sin, "cos": sympy.cos, "tan": sympy.tan, "log": sympy.log,
+        self.names = {"abs": sympy.Abs, "sqrt": sympy.sqrt, "sin": sympy.sin, "cos": sympy.cos, "tan": sympy.tan, "log": sympy.log,
                       "exp": sympy.exp, "binomial": sympy.binomial, "factorial": sympy.factorial,
                       "floor": sympy.floor, "ceiling": sympy.ceiling, "pi": sympy.pi, "Integer": sympy.Integer,
                       "Rational": sympy.Rational, "Symbol": sympy.Symbol, "Float": sympy.Float}
@@ -183,6 +189,8 @@ def _identity(sp, a, b, rng: random.Random) -> bool | None:
     except (TypeError, ValueError, RecursionError):
         pass
     symbols = sorted(d.free_symbols, key=lambda s: s.name)
+    if not symbols:  # the symbols cancel (x^2 + 2x + 1 = x^2 + 2x + 2): the difference is a number
+        return _numeric(sp, "=", d, sp.Integer(0), 0)
     tried = 0
     for _ in range(POINTS * 3):
         point = {s: sp.Rational(rng.randint(-97, 97), rng.randint(1, 13)) for s in symbols}
@@ -211,13 +219,15 @@ def _identity_or_imaginary(sp, a, b, rng):
     return same
 
 
-def check_solution(steps: list[str], timeout: float = 2.0, seed: int = 0) -> list[StepCheck]:
+def check_solution(steps: list[str], timeout: float = 2.0, seed: int = 0, problem: str | None = None) -> list[StepCheck]:
     """Check every claim of every step of one solution, in order (definitions carry forward).
 
     Args:
         steps: the solution's steps (text).
         timeout: seconds per claim (main thread only; 0: none).
         seed: for the random points of identity checks.
+        problem: the problem's text, or None: the one-letter functions it defines (``f(x) = 3x + 2``) are
+            known to every step (nothing else of it is read: its equations are conditions, not claims).
 
     Returns:
         One :class:`StepCheck` per step.
@@ -225,28 +235,46 @@ def check_solution(steps: list[str], timeout: float = 2.0, seed: int = 0) -> lis
     S = _sympy()
     rng = random.Random(seed)
     defs: dict = {}
-    last_equation: list = []  # the solution's latest condition (an equation with a free symbol), across steps
+    symbolic: dict = {}  # the latest symbolic value of each name (R = 225000 + 4000n - 50n^2)
+    funcs: dict = {}  # one-letter functions the solution defined: name -> (variable, body)
+    for it in extract(problem)[0] if problem else []:
+        if isinstance(it, Relation) and it.call is not None:
+            try:
+                with _time_limit(timeout):
+                    _call(S, it, funcs, rng)
+            except (ClaimTimeout, TypeError, ValueError, ZeroDivisionError, RecursionError, OverflowError,
+                    AttributeError):
+                pass
+    problem_funcs = dict(funcs)
+    last_equation: list = []  # the solution's conditions, oldest first: (condition, step, case within the step)
     out = []
     previous = None
     for step in steps:
         res = StepCheck()
         items, previous = extract(step, previous)
         if SCOPE != "solution":
-            defs = {}
+            defs, funcs, symbolic = {}, dict(problem_funcs), {}
         conditions = []  # this step's equations, which a value it names may solve
+        cases = [m.start() for m in _CASE.finditer(step)]  # where a case opens (if, suppose, for n = 4, ...)
         if not ACROSS:
             last_equation.clear()
         for it in items:
             if isinstance(it, (Arithmetic, Remainder)):
                 _count(res, it.holds, it.text)
                 continue
+            case = sum(c < it.at for c in cases) if isinstance(it, Relation) else 0
+            # inside a case, a condition follows only from the conditions of the same case
+            history = [c for c, s, k in last_equation if not case or (s == len(out) and k == case)]
+            before = len(conditions)
             try:
                 with _time_limit(timeout):
-                    verdict = _relation(S, it, defs, conditions, rng, last_equation)
+                    verdict = _relation(S, it, defs, conditions, rng, history, funcs, None if case else symbolic,
+                                        len(out))
             except ClaimTimeout:
                 verdict = None
             except (TypeError, ValueError, ZeroDivisionError, RecursionError, OverflowError, AttributeError):
                 verdict = None
+            last_equation += [(c, len(out), case) for c in conditions[before:]]
             if verdict == "skip":
                 continue
             _count(res, verdict, it.text)
@@ -264,49 +292,131 @@ def _count(res: StepCheck, verdict, text: str) -> None:
         res.not_parsed += 1
 
 
-def _linear_root(sp, expr):
-    """The root of ``expr = 0`` when it is linear in its one free symbol (coefficients may be radicals),
-    else None."""
-    (x,) = expr.free_symbols
-    e = sp.expand(expr)
-    if not e.is_polynomial(x):
-        return None
-    p = sp.Poly(e, x)
-    if p.degree() != 1:
-        return None
-    b, c = p.all_coeffs()
-    return -c / b if b != 0 else None
+def _constant_part(sp, e):
+    """The terms of the expanded ``e`` without a free symbol (``x^2 + 4x - 5`` -> -5; radicals kept)."""
+    return sp.Add(*[t for t in sp.Add.make_args(e) if not t.free_symbols])
 
 
-def _follows(sp, new, old) -> bool | None:
-    """Whether the linear equation ``new`` (``(lhs, rhs)``) in one variable has the root of the linear
-    equation ``old`` before it in the same variable (an equation rewritten step by step: ``-7y + 1 = -3``
-    then ``-7y = -4``); None when they are not both linear in the same one variable."""
-    dn, do = new[0] - new[1], old[0] - old[1]
-    if len(dn.free_symbols) != 1 or dn.free_symbols != do.free_symbols:
+def _proportional(sp, dn, do):
+    """The number ``c`` with ``dn = c * do`` (both expanded), or None when there is none."""
+    if do == 0 or dn == 0:
         return None
-    rn, ro = _linear_root(sp, dn), _linear_root(sp, do)
-    if rn is None or ro is None:
-        return None
-    return _numeric(sp, "=", rn, ro, 0)
+    c = sp.cancel(dn / do)
+    return c if c.is_number and c != 0 else None
 
 
-def _relation(S: _Sympy, r: Relation, defs: dict, conditions: list, rng: random.Random, last_equation: list):
+def _rational_poly(sp, e, x):
+    """The numerator of ``e`` (one free symbol ``x``) as a polynomial over the rationals of degree 1..12, or
+    None (radicals in the coefficients, a symbol under a root, too high a degree)."""
+    num = sp.numer(sp.together(e))
+    try:
+        p = sp.Poly(sp.expand(num), x, domain="QQ")
+    except (sp.PolynomialError, sp.CoercionFailed, sp.GeneratorsNeeded, ValueError, TypeError):
+        return None
+    return p if 1 <= p.degree() <= 12 else None
+
+
+_CASE = re.compile(r"\b(?:if|case|cases|suppose|assume|assuming|when|either|otherwise|alternatively|try|trying)\b|"
+                   r"\bfor\s+(?:\\\(|\$)[^$)]*=", re.I)
+
+
+def _follows(sp, new, history: list) -> bool | None:
+    r"""Whether the condition ``new`` (``(lhs, rhs)``) is a consequence of the conditions the solution wrote
+    before it in the same free symbols (``history``, oldest first), as far as can be decided; None otherwise.
+
+    * held: ``lhs - rhs`` is a constant multiple of an earlier condition's (a rearrangement:
+      ``x^2 - 3x = 1`` after ``x^2 = 3x + 1``);
+    * failed, in one variable with rational polynomial sides: ``new`` shares no root (over the complex
+      numbers) with any earlier condition in that variable (``(x - 1)(x - 3) = 0`` after ``x^2 - 3x = 1``;
+      a factor set to zero shares its roots with the product, a squared equation keeps its roots);
+    * failed, otherwise (several variables, radicals): the latest such condition and ``new`` have the same
+      terms with symbols up to a factor but other constants (a term moved across with a wrong sign or sum:
+      ``2\sqrt{..} = 16 - 12x^2 + 32x + 7`` after ``12x^2 - 32x - 7 + 2\sqrt{..} = 9``).
+
+    Never failed (a case analysis, not a derivation: each case is a new condition): when ``case`` (the step
+    says ``if``, ``case``, ``suppose``, ``for \(n = 4\)``...), or when a side of ``new`` is an earlier such
+    condition's side as written (``x - 4 = 11`` after ``x - 4 = 1``; ``ab = 7`` after ``ab = 5``).
+    """
+    dn = sp.expand(new[0] - new[1])
+    free = dn.free_symbols
+    relevant = [(a, b) for a, b in history if (a - b).free_symbols == free]
+    same = [sp.expand(a - b) for a, b in relevant]
+    if not free or not same:
+        return None
+    if any(_proportional(sp, dn, do) is not None for do in same):
+        return True
+    if not LINEAR or any((new[0] == a and a.free_symbols) or (new[1] == b and b.free_symbols)
+                                                     for a, b in relevant):
+        return None
+    if len(free) == 1:
+        (x,) = free
+        pn = _rational_poly(sp, dn, x)
+        olds = [p for p in (_rational_poly(sp, do, x) for do in same) if p is not None]
+        if pn is not None and olds:
+            if any(sp.gcd(pn, po).degree() > 0 for po in olds):
+                return None
+            if len(olds) == len(same):
+                return False
+    do = same[-1]
+    cn, co = _constant_part(sp, dn), _constant_part(sp, do)
+    c = _proportional(sp, sp.expand(dn - cn), sp.expand(do - co))
+    if c is None:
+        return None
+    return _numeric(sp, "=", cn, c * co, 0)
+
+
+def _call(S: _Sympy, r: Relation, funcs: dict, rng: random.Random):
+    """A first link ``f(arg) = rhs``: a definition (``arg`` one variable that ``rhs`` uses; kept in ``funcs``,
+    "skip"), else an evaluation of an earlier definition: held / failed when the definition with ``arg`` put
+    in equals ``rhs`` (numerically, or as an identity in the symbols both sides share: ``p(1) = 12a^2 + ..``),
+    None (not parsed) when ``f`` is not defined or the sides are a condition (``f(1) = 5`` for
+    ``f(x) = ax + b``)."""
+    sp = S.sp
+    name, arg_text = r.call
+    arg, b = S.parse(arg_text), S.parse(r.rhs)
+    if arg is None or b is None:
+        return None
+    if arg.is_Symbol:
+        if arg in b.free_symbols:
+            funcs[name] = (arg, b)
+            return "skip"
+        return None  # f(x) = 0: a condition on x
+    if name not in funcs:
+        return None
+    var, body = funcs[name]
+    value = body.subs(var, arg)
+    if not (value.free_symbols | b.free_symbols):
+        return _numeric(sp, "=", value, b, r.decimals)
+    if not b.free_symbols or not value.free_symbols <= b.free_symbols:
+        return None  # a condition on the definition's parameters
+    return _identity_or_imaginary(sp, value, b, rng)
+
+
+def _relation(S: _Sympy, r: Relation, defs: dict, conditions: list, rng: random.Random, history: list,
+              funcs: dict | None = None, symbolic: dict | None = None, step: int = 0):
     """True / False / None (not parsed) / "skip" (a definition, not a claim) for one relation; a condition
     updates ``conditions`` (this step's) and ``last_equation`` (the solution's latest)."""
     sp = S.sp
+    if r.call is not None:
+        return _call(S, r, funcs if funcs is not None else {}, rng)
     a, b = S.parse(r.lhs), S.parse(r.rhs)
     if b is None or (a is None and r.name is None):
         return None
     if r.name is not None and r.op == "=":
         value = b.subs(defs) if b.free_symbols else b
-        if value.free_symbols:
-            return "skip"  # a symbolic definition (y = 2x + 1): not a claim, not kept
+        if value.free_symbols:  # a symbolic definition (R = (300 - 5n)(750 + 10n)): no claim, unless it restates
+            if symbolic is None or r.name in RESTATE_EXEMPT:  # one (R = 225000 + 4000n - 50n^2 after it)
+                return "skip"
+            before, where = symbolic.get(r.name, (None, step))
+            symbolic[r.name] = (value, step)
+            if before is None or where == step or before.free_symbols != value.free_symbols:
+                return "skip"  # (two values in one step: the roots of an equation, w = .. and w = ..)
+            return _identity_or_imaginary(sp, before, value, rng)
         if SCOPE != "none":
             defs[sp.Symbol(r.name)] = value
         name = sp.Symbol(r.name)
         verdicts = []
-        if r.decimals or not SOLVED:
+        if r.decimals or not SOLVED or re.search(r"\d\.\d", r.text.partition(" = ")[2]):
             return "skip"  # a rounded value satisfies its equation only roughly: not checked
         for lhs, rhs in conditions:  # the equations this step solved for the value it now names
             if (lhs - rhs).free_symbols == {name}:
@@ -330,7 +440,6 @@ def _relation(S: _Sympy, r: Relation, defs: dict, conditions: list, rng: random.
     same = _identity_or_imaginary(sp, a2, b2, rng)
     if same or r.link != "first":  # a simplification keeps its variables; an evaluation at unknown values
         return same if same or a2.free_symbols == b2.free_symbols else None  # is not decided
-    verdict = _follows(sp, (a2, b2), last_equation[0]) if last_equation and LINEAR else None
+    verdict = _follows(sp, (a2, b2), history)
     conditions.append((a2, b2))
-    last_equation[:] = [(a2, b2)]
     return verdict

@@ -144,7 +144,7 @@ class CheckStepsStage(TrajectoryRows, Stage):
             out.append(r)
             if r.get("error"):
                 continue
-            checks = self._check(r["steps"], timeout=self.cfg.timeout, seed=self.cfg.seed)
+            checks = self._check(r["steps"], timeout=self.cfg.timeout, seed=self.cfg.seed, problem=r.get("prompt"))
             first = next((s for s, c in enumerate(checks) if c.failed), -1)
             decided = sum(c.checked for c in checks)
             status = "failed" if first >= 0 else "held" if decided else "nothing_checkable"
