@@ -54,7 +54,8 @@ class PublishConfig(Config):
 
     repo_id: str | None = opt(None, "ORG/NAME of the dataset repository (required unless --dry-run).")
     dry_run: bool = opt(False, "Write the card, check the folder loads, print what would be uploaded; upload nothing.")
-    private: bool = opt(False, "Create the repository as private.")
+    private: bool = opt(False, "The data must not be public: create the repository as private; an existing "
+                               "repository that is public is refused (nothing uploaded).")
     endpoint: str | None = opt(None, "Hub endpoint URL (default: HF_ENDPOINT, else the public Hub).")
     license: str | None = opt(None, "The card's license id (default: from the source data when known, else unknown).")
     config: str = opt("default", "The subset (config) this folder is: its files go to data/NAME/, its own configs: "
@@ -399,6 +400,15 @@ def _upload(staging: Path, cfg: PublishConfig, manifest: dict, n_rows: int, card
     repo = cfg.repo_id
     with_retries(lambda: api.create_repo(repo, repo_type="dataset", private=cfg.private, exist_ok=True),
                  f"creating {repo}", cfg, endpoint)
+    if cfg.private:  # create_repo leaves an existing repository as it is (breaking run E7: published publicly)
+        visible = with_retries(lambda: api.repo_info(repo, repo_type="dataset").private, f"reading {repo}", cfg,
+                               endpoint)
+        if visible is not True:
+            state = "is public" if visible is False else "does not say whether it is private"
+            raise StepkitError(f"--private: {repo} exists and {state} on {endpoint}, so this upload would be public; "
+                               f"nothing uploaded: make it private first (its settings page, or huggingface_hub's "
+                               f"HfApi().update_repo_settings({repo!r}, private=True, repo_type='dataset')) or drop "
+                               "--private")
     subset = "" if cfg.config == "default" else f", subset {cfg.config}"
     message = cfg.commit_message or f"stepkit publish: {n_rows} rows, format {manifest['config']['format']}{subset}"
     upload = [rel for rel, _ in _upload_files(staging)]
