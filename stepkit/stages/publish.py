@@ -57,7 +57,8 @@ class PublishConfig(Config):
     private: bool = opt(False, "The data must not be public: create the repository as private; an existing "
                                "repository that is public is refused (nothing uploaded).")
     endpoint: str | None = opt(None, "Hub endpoint URL (default: HF_ENDPOINT, else the public Hub).")
-    license: str | None = opt(None, "The card's license id (default: from the source data when known, else unknown).")
+    license: str | None = opt(None, "The card's license id, one the Hub lists (mit, apache-2.0, cc-by-4.0, ...; "
+                                    "default: from the source data when known, else unknown).")
     config: str = opt("default", "The subset (config) this folder is: its files go to data/NAME/, its own configs: "
                                  "entry and card section, merged with the subsets already on the repository.",
                       metavar="NAME")
@@ -74,6 +75,9 @@ class PublishConfig(Config):
         if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", self.config):
             raise ConfigError(f"--config {self.config!r}: a subset name is letters, digits, '_', '.' and '-' "
                               "(e.g. gsm8k)")
+        from stepkit.stages.card_sources import check_license
+
+        check_license(self.license)  # (breaking run D9: any text, even '', went into the card)
         if self.repo_id is None and not self.dry_run:
             raise ConfigError("give --repo-id ORG/NAME, or --dry-run to check the folder without uploading")
         if self.repo_id is not None:
