@@ -150,6 +150,18 @@ def check_column_types(schema: pa.Schema, path, names=None) -> None:
                              column=name)
 
 
+PROBLEMS_NOT_TRAJECTORIES = ("holds problems, not trajectories (no steps to label): run `stepkit rollout IN OUT` "
+                             "first, and give its OUT here")
+
+
+def holds_problems(schema: pa.Schema) -> bool:
+    """Whether a shard is a problems shard (``ingest`` of problems: a prompt, no ``id`` and no ``steps``), which a
+    stage that reads trajectories refuses with :data:`PROBLEMS_NOT_TRAJECTORIES` (breaking run D12: ``judge`` on
+    one said "missing column 'id'")."""
+    names = set(schema.names)
+    return "prompt" in names and not names & {"id", "steps"}
+
+
 def check_columns(schema: pa.Schema, required: tuple[str, ...] | list[str], path) -> None:
     """Raise :class:`InputError` naming the first required column missing from ``schema``.
 
@@ -157,9 +169,11 @@ def check_columns(schema: pa.Schema, required: tuple[str, ...] | list[str], path
     of strings, ``outcome_correct`` a bool).
     """
     have = set(schema.names)
-    for name in required:
-        if name not in have:
-            raise InputError(path, f"missing column (has: {', '.join(schema.names)})", column=name)
+    missing = [name for name in required if name not in have]
+    if missing and "steps" in required and holds_problems(schema):
+        raise InputError(path, PROBLEMS_NOT_TRAJECTORIES)
+    for name in missing:
+        raise InputError(path, f"missing column (has: {', '.join(schema.names)})", column=name)
     expected = {f.name: f.type for f in TRAJECTORY_FIELDS + PROBLEM_FIELDS}
     for name in required:
         want = expected.get(name)

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import json
@@ -24,7 +25,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from stepkit.errors import ConfigError, InputError, parse_failure
+from stepkit.errors import ConfigError, InputError, StepkitError, parse_failure
 
 ROW_GROUP_BYTES = 64 * 1024 * 1024
 """Upper bound on the uncompressed bytes of one row group (a row group holds at least one row)."""
@@ -222,6 +223,66 @@ def write_table(path: Path, table: pa.Table, metadata: dict[str, Any] | None = N
     except BaseException:  # a full disk or a signal mid-write: leave no half-written temp file behind
         tmp.unlink(missing_ok=True)
         raise
+
+
+WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EFBIG, errno.EIO})
+"""The errno of an OSError that means "this file cannot be written here": a full disk, a quota, a read-only
+or forbidden folder, a file too big, an I/O error."""
+
+
+def os_reason(e: OSError) -> str:
+    """``No space left on device`` for an OSError from Python or pyarrow (whose ``strerror`` may be unset)."""
+    if e.errno:
+        return os.strerror(e.errno)
+    return (str(e).splitlines() or [type(e).__name__])[0]
+
+
+def write_error_in(e: BaseException) -> OSError | None:
+    """The write failure (an OSError with an errno of :data:`WRITE_ERRNOS`) that ``e`` is or was raised
+    from, following ``__cause__`` / ``__context__``: ``datasets`` wraps a full disk in its cache in a
+    ``DatasetGenerationError``, which must not be read as bad data. None when there is none."""
+    seen: set[int] = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in WRITE_ERRNOS:
+            return e
+        e = e.__cause__ or e.__context__
+    return None
+
+
+class Writing(contextlib.AbstractContextManager):
+    """A block that writes files: an OSError in it (a full disk, a quota, a read-only folder; also one that
+    a library wrapped, :func:`write_error_in`) becomes one :class:`StepkitError` line
+    ``STAGE: cannot write PATH: REASON``, e.g. ``export: cannot write ds/data/train-00000.parquet: No space left
+    on device``.
+
+    PATH is the file the error names, else ``target`` (the file the block says it is writing), else
+    ``fallback``. A path inside the staging folder ``temp`` is shown at its place in ``final`` (what the user
+    named), its temporary name (``.x.tmp-<pid>``) as the file's own name. The caller removes what it staged
+    (this only words the failure)."""
+
+    def __init__(self, stage: str, fallback: Path, temp: Path | None = None, final: Path | None = None):
+        self.stage, self.fallback, self.temp, self.final = stage, Path(fallback), temp, final
+        self.target: Path | None = None
+
+    def shown(self, path: str | os.PathLike) -> Path:
+        """``path`` as the user knows it: inside ``final`` rather than the staging folder, without the
+        temporary name's dot and ``.tmp-<pid>``."""
+        p = Path(path)
+        if self.temp is not None and self.final is not None and p.is_relative_to(self.temp):
+            p = self.final / p.relative_to(self.temp)
+        name = re.sub(r"^\.(.+)\.tmp-\d+$", r"\1", p.name)
+        return p.with_name(name) if name else p
+
+    def __exit__(self, typ, e, tb):
+        if e is None or isinstance(e, StepkitError) or not isinstance(e, Exception):
+            return None
+        oe = e if isinstance(e, OSError) else write_error_in(e)
+        if oe is None:
+            return None
+        where = oe.filename if isinstance(oe.filename, (str, os.PathLike)) and str(oe.filename) else None
+        path = self.shown(where or self.target or self.fallback)
+        raise StepkitError(f"{self.stage}: cannot write {path}: {os_reason(oe)}") from None
 
 
 def rows_to_table(rows: list[dict[str, Any]], schema: pa.Schema, path: Path | str = "<rows>") -> pa.Table:

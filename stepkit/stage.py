@@ -121,6 +121,10 @@ class Stage:
     def open(self) -> None:
         """Load models; called once, only if some chunk has work to do."""
 
+    def start_shard(self, shard: Path) -> None:
+        """Called before the chunks of the input shard ``shard`` go to :meth:`process` (``filter``'s rules
+        that act across the whole input look up this shard's rows in what :meth:`planned` decided)."""
+
     def process(self, rows: list[dict]) -> tuple:
         """Return ``(rows, counters)`` or ``(rows, counters, side_rows)``.
 

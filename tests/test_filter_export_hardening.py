@@ -15,6 +15,7 @@ from stepkit.stages.export import ExportConfig, export
 from stepkit.stages.filter import FilterConfig, FilterStage
 from stepkit.stages.mcts_label import PAIR_SCHEMA
 from stepkit.stages.publish import PublishConfig, publish
+from tests.conftest import run_cli
 from tests.hub_server import FakeHub, hub_env
 from tests.test_export import SCHEMA, labelled, load, write
 
@@ -197,3 +198,44 @@ def test_status_typo_check_is_over_the_whole_folder(tmp_path):
     with pytest.raises(ConfigError, match="no input row has mc_status okk"):
         run_stage(FilterStage(FilterConfig(rule=("status:mc_status=okk",), flag_only=True)), folder,
                   tmp_path / "out2", progress=False)
+
+
+def _ids(folder):
+    return sorted(r["id"] for p in sorted(folder.glob("*.parquet")) for r in pq.read_table(p).to_pylist())
+
+
+def test_dedupe_acts_across_the_shards_of_a_folder(tmp_path):
+    """Breaking run E6: a row in two shards of a folder IN survived dedupe twice."""
+    rows = labelled(4)
+    write(tmp_path / "dup" / "a.parquet", rows)
+    write(tmp_path / "dup" / "b.parquet", rows)  # the same rows again, ids and all
+    run_cli("filter", tmp_path / "dup", tmp_path / "kept", "--rule", "dedupe", "--dropped", tmp_path / "drop",
+            "--no-progress")
+    assert _ids(tmp_path / "kept") == sorted(r["id"] for r in rows)  # the first of equal rows: shard a's
+    assert len(pq.read_table(tmp_path / "kept" / "b.parquet")) == 0
+    assert {r["filter_reason"] for r in pq.read_table(tmp_path / "drop" / "b.parquet").to_pylist()} == {"dedupe"}
+    # dedupe after another rule: a's copy dropped by no-error leaves b's copy as the first kept one
+    errs = [dict(r, error="rollout: engine failed" if i == 0 else None) for i, r in enumerate(rows)]
+    write(tmp_path / "dup2" / "a.parquet", errs)
+    write(tmp_path / "dup2" / "b.parquet", [dict(r, id=r["id"] + "-copy") for r in rows])
+    run_cli("filter", tmp_path / "dup2", tmp_path / "kept2", "--rule", "no-error", "--rule", "dedupe",
+            "--dropped", tmp_path / "drop2", "--no-progress")
+    assert rows[0]["id"] not in _ids(tmp_path / "kept2")
+    assert [r["id"] for r in pq.read_table(tmp_path / "kept2" / "b.parquet").to_pylist()] == [rows[0]["id"] + "-copy"]
+
+
+def test_prof_removes_per_problem_across_the_shards_of_a_folder(tmp_path):
+    """E6: a problem whose rows span two shards lost --remove N rows in each; now as if in one shard."""
+    rows = labelled(8)
+    for i, r in enumerate(rows):
+        r["problem_id"] = f"P{i % 2}"
+        r["mc_value"] = [round(0.1 * ((i * 7 + s) % 10), 2) for s in range(len(r["steps"]))]
+    one = write(tmp_path / "one.parquet", rows)
+    write(tmp_path / "two" / "a.parquet", rows[:3])
+    write(tmp_path / "two" / "b.parquet", rows[3:])
+    args = ["--rule", "prof:mc_value", "--remove", "2", "--no-progress"]
+    run_cli("filter", one, tmp_path / "one-kept.parquet", "--dropped", tmp_path / "one-drop.parquet", *args)
+    run_cli("filter", tmp_path / "two", tmp_path / "two-kept", "--dropped", tmp_path / "two-drop", *args)
+    dropped_one = sorted(r["id"] for r in pq.read_table(tmp_path / "one-drop.parquet").to_pylist())
+    assert len(dropped_one) == 4  # two per problem
+    assert _ids(tmp_path / "two-drop") == dropped_one

@@ -213,3 +213,18 @@ def test_report_html_beside_the_card_linked_and_off_with_no_report(labelled, tmp
     report = publish(folder, PublishConfig(dry_run=True, report=False))
     assert report["report"] is None and not (folder / "report.html").exists()
     assert "report.html" not in report["card"] and "report.html" not in (folder / "README.md").read_text()
+
+
+def test_private_into_an_existing_public_repository_is_refused(hub, labelled, tmp_path):
+    """Breaking run E7: create_repo(exist_ok=True, private=True) left the public repository public and the
+    upload went there."""
+    folder = tmp_path / "export"
+    export(labelled, folder, ExportConfig(labels="mc_value"))
+    hub.create_repo(REPO, private=False)
+    r = run_cli("publish", folder, "--repo-id", REPO, "--private", "--retry-wait", "0", check=False)
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert r.stderr.strip().splitlines()[-1].startswith(f"error: --private: {REPO} exists and is public on ")
+    assert not hub.repo(REPO).private and not [c for c in hub.commits(REPO) if c.title.startswith("stepkit")]
+    hub.create_repo("stepkit-org/closed", private=True)  # an existing private repository: published into
+    publish(folder, cfg(private=True, repo_id="stepkit-org/closed"))
+    assert hub.repo("stepkit-org/closed").private and hub.files("stepkit-org/closed")

@@ -150,6 +150,9 @@ def test_bad_input_is_one_line(tmp_path, labelled):
 
     pq.write_table(pa.table({"problem_id": ["p"], "prompt": ["x"]}), tmp_path / "problems.parquet")
     r = CliRunner().invoke(main, ["report", str(tmp_path / "problems.parquet"), "-o", str(tmp_path / "r.html")])
+    assert r.exit_code == 1 and "holds problems, not trajectories" in r.output  # (issue 25, D12)
+    pq.write_table(pa.table({"id": ["a"], "prompt": ["x"]}), tmp_path / "nosteps.parquet")
+    r = CliRunner().invoke(main, ["report", str(tmp_path / "nosteps.parquet"), "-o", str(tmp_path / "r.html")])
     assert r.exit_code == 1 and "has no 'steps' column" in r.output
     r = CliRunner().invoke(main, ["report", str(labelled), "-o", str(tmp_path / "r.txt")])
     assert r.exit_code == 1 and "the report is an .html file" in r.output

@@ -18,6 +18,7 @@ from stepkit.shards import (
     file_sha256,
     iter_row_ranges,
     open_parquet,
+    os_reason,
     write_json,
     write_table,
 )
@@ -30,7 +31,7 @@ class OutputLock:
     leaves the holder's pid in place (and names it)."""
 
     def __init__(self, out: Path):
-        self.path = out.with_name(f".{out.name}.lock")
+        self.out, self.path = Path(out), Path(out).with_name(f".{Path(out).name}.lock")
 
     def __enter__(self):
         import fcntl
@@ -39,7 +40,7 @@ class OutputLock:
             try:
                 fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
             except OSError as e:
-                raise ConfigError(f"{self.path.parent}: cannot write there ({e.strerror or e})") from None
+                raise ConfigError(f"{self.out}: cannot write in {self.path.parent} ({os_reason(e)})") from None
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -70,13 +71,6 @@ def _warn(message: str) -> None:
     print(f"warning: {one_line(message)}", file=sys.stderr, flush=True)
 
 
-def _os_reason(e: OSError) -> str:
-    """``No space left on device`` for an OSError from Python or pyarrow (whose ``strerror`` may be unset)."""
-    if e.errno:
-        return os.strerror(e.errno)
-    return (str(e).splitlines() or [type(e).__name__])[0]
-
-
 @contextlib.contextmanager
 def _writing(path: Path, parts: Path):
     """Turn an OSError while ``path`` is written (a full disk, a quota, a read-only folder) into one
@@ -84,7 +78,7 @@ def _writing(path: Path, parts: Path):
     try:
         yield
     except OSError as e:
-        raise StepkitError(f"{path}: cannot write it ({_os_reason(e)}); the chunks committed so far are kept in "
+        raise StepkitError(f"{path}: cannot write it ({os_reason(e)}); the chunks committed so far are kept in "
                            f"{parts}: free some space and run the same command again to resume") from None
 
 

@@ -182,6 +182,7 @@ def _run_shard(stage: Stage, plan: ShardPlan, opts: RunOptions, console, report,
         done_rows = sum(bounds[i][1] - bounds[i][0] for i in committed)
         bar.advance(done_rows, 0)
         report(done_rows, 0)
+        stage.start_shard(shard)
         for i, rows in _uncommitted_chunks(shard, bounds, parts, side_schemas, committed, resumed):
             _log(parts, event="chunk_start", chunk=i)
             for name, (side, table) in side_tables.items():

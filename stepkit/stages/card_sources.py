@@ -136,3 +136,30 @@ def read_before_use(stats: dict[str, Any], export_manifest: dict, stages: list[d
         out.append(f"{c['null_labels']} row(s) had no labels (their labeller found no signal, or labels were "
                    "null) and were left out")
     return out
+
+
+HUB_LICENSES = frozenset("""
+apache-2.0 mit openrail bigscience-openrail-m creativeml-openrail-m bigscience-bloom-rail-1.0 bigcode-openrail-m
+afl-3.0 artistic-2.0 bsl-1.0 bsd bsd-2-clause bsd-3-clause bsd-3-clause-clear c-uda cc cc0-1.0 cc-by-2.0 cc-by-2.5
+cc-by-3.0 cc-by-4.0 cc-by-sa-3.0 cc-by-sa-4.0 cc-by-nc-2.0 cc-by-nc-3.0 cc-by-nc-4.0 cc-by-nd-4.0 cc-by-nc-nd-3.0
+cc-by-nc-nd-4.0 cc-by-nc-sa-2.0 cc-by-nc-sa-3.0 cc-by-nc-sa-4.0 cdla-sharing-1.0 cdla-permissive-1.0
+cdla-permissive-2.0 wtfpl ecl-2.0 epl-1.0 epl-2.0 etalab-2.0 eupl-1.1 agpl-3.0 gfdl gpl gpl-2.0 gpl-3.0 lgpl lgpl-2.1
+lgpl-3.0 isc lppl-1.3c ms-pl mpl-2.0 odc-by odbl openrail++ osl-3.0 postgresql ofl-1.1 ncsa unlicense zlib pddl lgpl-lr
+deepfloyd-if-license llama2 gemma unknown other
+""".split())
+"""The license identifiers a Hub card's ``license:`` accepts, from the Hub's documentation ("Licenses",
+huggingface/hub-docs ``docs/hub/repositories-licenses.md`` at 008d54d, the table between its ``region licenses``
+comments). huggingface_hub ships no such list. An id the Hub added since is written with ``other``."""
+
+
+def check_license(value: str | None) -> None:
+    """Raises ConfigError for a ``--license`` that is no Hub license id (empty, a typo, another case)."""
+    from stepkit.errors import ConfigError
+
+    if value is None or value in HUB_LICENSES:
+        return
+    lower = value.strip().lower()
+    hint = f"did you mean {lower!r}? " if lower in HUB_LICENSES else ""
+    raise ConfigError(f"--license {value!r}: not a license id of the Hub ({hint}e.g. mit, apache-2.0, cc-by-4.0, "
+                      "cc-by-nc-4.0; the list: huggingface.co/docs/hub/repositories-licenses; a license not listed: "
+                      "other)")

@@ -65,6 +65,7 @@ from stepkit.errors import ConfigError, InputError, StepkitError
 from stepkit.grading.verdicts import labels_from_first_error
 from stepkit.options import Config, opt
 from stepkit.shards import (
+    Writing,
     file_sha256,
     iter_row_chunks,
     list_shards,
@@ -170,8 +171,15 @@ def export(in_path: str | os.PathLike, out: str | os.PathLike, cfg: ExportConfig
             options without ``force``. The same export of the same inputs returns the existing manifest
             with ``status: "up to date"``.
     """
+    from stepkit.runner.parts import OutputLock
+
     out = Path(out).absolute()  # (a relative "." has no name to put a temporary folder beside)
     shards = list_shards(in_path)
+    with OutputLock(out):  # two exports to one OUT at once: the second is refused, naming the first's pid
+        return _export(in_path, shards, out, cfg, force)
+
+
+def _export(in_path, shards: list[Path], out: Path, cfg: ExportConfig, force: bool) -> dict[str, Any]:
     remove_stale(out, "tmp")
     hashes = [file_sha256(p) for p in shards]
     config = {k: getattr(cfg, k) for k in cfg.__dataclass_fields__}
@@ -219,117 +227,144 @@ def export(in_path: str | os.PathLike, out: str | os.PathLike, cfg: ExportConfig
     schema = schema.with_metadata({**(schema.metadata or {}), b"stepkit.export": json.dumps(
         {"format": cfg.format, "step_separator": sep}).encode()})
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    (tmp / "data").mkdir(parents=True)
-    splits = ("train", "test") if cfg.test_size is not None else (cfg.split,)
-    buffers: dict[str, list[dict]] = {s: [] for s in splits}
-    files: dict[str, list[Path]] = {s: [] for s in splits}
-    counts = {"rows_in": 0, "rows_out": 0, "null_labels": 0, "filtered": 0, "steps": 0, "labels_true": 0,
-              "labels_false": 0}
-    value_sum = 0.0
-    seen_ids: set = set()
-
-    def flush(split: str) -> None:
-        path = tmp / "data" / f".{split}-{len(files[split]):05d}.parquet"
-        write_table(path, pa.Table.from_pylist(buffers[split], schema=schema))  # row groups capped by bytes
-        files[split].append(path)
-        buffers[split].clear()
-
-    try:
-        for p in shards:
-            for first, rows in iter_row_chunks(p, 4096):
-                for j, row in enumerate(rows):
-                    counts["rows_in"] += 1
-                    check_row(row, p, first + j, cfg.format, seen_ids)
-                    if flagged(row):
-                        counts["filtered"] += 1
-                        continue
-                    rec = conv.convert(row, p, first + j)
-                    if rec is None:
-                        if cfg.on_null == "error":
-                            raise InputError(p, "null labels (or outcome); use --on-null drop to leave such rows out",
-                                             row=first + j, column=cfg.labels or "chosen")
-                        counts["null_labels"] += 1
-                        continue
-                    if tokens is not None:
-                        prompt, steps = (rec["prompt"], rec["completions"]) if cfg.format == "trl" else \
-                            (rec["problem"], rec["steps"])
-                        labels = rec["labels"] if cfg.format == "trl" else labels_from_first_error(rec["label"],
-                                                                                                   len(steps))
-                        if not tokens.check(prompt, steps, labels, sep, p, first + j):
-                            counts["too_long"] = counts.get("too_long", 0) + 1  # --on-too-long drop
-                            continue
-                    split = ("test" if row.get(key) in test else "train") if cfg.test_size is not None else cfg.split
-                    buffers[split].append(rec)
-                    counts["rows_out"] += 1
-                    if row.get("mc_value_start") is not None:  # how often the labelling model solves the problem
-                        counts["v0_rows"] = counts.get("v0_rows", 0) + 1
-                        counts["v0_sum"] = round(counts.get("v0_sum", 0.0) + row["mc_value_start"], 6)
-                    labels = rec.get("labels")
-                    if cfg.format == "pairs" and None not in (rec["chosen_value"], rec["rejected_value"]) \
-                            and rec["chosen_value"] <= rec["rejected_value"]:
-                        counts["pairs_not_preferred"] = counts.get("pairs_not_preferred", 0) + 1
-                    if cfg.format == "messages":
-                        counts["messages"] = counts.get("messages", 0) + len(rec["messages"])
-                        counts["tool_calls"] = counts.get("tool_calls", 0) + sum(
-                            len(m["tool_calls"] or []) for m in rec["messages"])
-                    if cfg.format in SOFT_FORMATS:
-                        counts["steps"] += len(labels)
-                        if cfg.soft:
-                            value_sum += sum(labels)
-                        else:
-                            counts["labels_true"] += sum(labels)
-                            counts["labels_false"] += len(labels) - sum(labels)
-                    if len(buffers[split]) >= cfg.rows_per_file:
-                        flush(split)
-        for s in splits:
-            if not buffers[s] and not files[s]:  # datasets cannot load a split with no rows
-                raise StepkitError(f"{in_path}: the {s} split would have no rows (input rows: {counts['rows_in']}, "
-                                   f"null labels: {counts['null_labels']}, flagged by filter: "
-                                   f"{counts['filtered']}); nothing written")
-            if buffers[s]:
-                flush(s)
-        data_files: dict[str, list[str]] = {}
-        for s in splits:
-            n = len(files[s])
-            data_files[s] = []
-            for i, f in enumerate(files[s]):
-                final = f.with_name(f"{s}-{i:05d}-of-{n:05d}.parquet")
-                f.rename(final)
-                data_files[s].append(f"data/{final.name}")
-        split_rows = _verify(tmp, data_files, features)
-        if cfg.soft and counts["steps"]:
-            counts["mean_label"] = round(value_sum / counts["steps"], 6)
-        if cfg.format == "messages":
-            counts["message_fields_dropped"] = sum(conv.dropped_keys.values())
-        manifest = {
-            "stage": "export", "stepkit_version": __version__,
-            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "config": config,
-            "label_rule": _label_rule(cfg, conv.kind),
-            "splits": {s: {"rows": split_rows[s], "files": data_files[s],
-                           "sha256": {f: file_sha256(tmp / f) for f in data_files[s]}} for s in splits},
-            "counts": {**counts, **conv.counts}, "features": features.to_dict(), "step_separator": separator,
-            **({"token_lengths": tokens.report()} if tokens is not None else {}),
-            **({"dropped_message_keys": dict(sorted(conv.dropped_keys.items()))} if cfg.format == "messages" else {}),
-            "inputs": [{"path": str(p), "sha256": h, "manifest": read_manifest(p)} for p, h in zip(shards, hashes)],
-        }
-        write_json(tmp / MANIFEST, manifest)
-    except BaseException:
+    guard = Writing("export", out, tmp, out)
+    with guard:  # a full disk or a read-only folder: one line, OUT as it was
         shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        splits = ("train", "test") if cfg.test_size is not None else (cfg.split,)
+        buffers: dict[str, list[dict]] = {s: [] for s in splits}
+        files: dict[str, list[Path]] = {s: [] for s in splits}
+        counts = {"rows_in": 0, "rows_out": 0, "null_labels": 0, "filtered": 0, "steps": 0, "labels_true": 0,
+                  "labels_false": 0}
+        value_sum = 0.0
+        seen_ids: set = set()
+
+        def flush(split: str) -> None:
+            path = tmp / "data" / f".{split}-{len(files[split]):05d}.parquet"
+            guard.target = out / "data" / f"{split}-{len(files[split]):05d}.parquet"
+            write_table(path, pa.Table.from_pylist(buffers[split], schema=schema))  # row groups capped by bytes
+            guard.target = None
+            files[split].append(path)
+            buffers[split].clear()
+
+        try:
+            (tmp / "data").mkdir(parents=True)
+            for p in shards:
+                for first, rows in iter_row_chunks(p, 4096):
+                    for j, row in enumerate(rows):
+                        counts["rows_in"] += 1
+                        check_row(row, p, first + j, cfg.format, seen_ids)
+                        if flagged(row):
+                            counts["filtered"] += 1
+                            continue
+                        rec = conv.convert(row, p, first + j)
+                        if rec is None:
+                            if cfg.on_null == "error":
+                                raise InputError(p, "null labels (or outcome); use --on-null drop to leave such rows out",
+                                                 row=first + j, column=cfg.labels or "chosen")
+                            counts["null_labels"] += 1
+                            continue
+                        if tokens is not None:
+                            prompt, steps = (rec["prompt"], rec["completions"]) if cfg.format == "trl" else \
+                                (rec["problem"], rec["steps"])
+                            labels = rec["labels"] if cfg.format == "trl" else labels_from_first_error(rec["label"],
+                                                                                                       len(steps))
+                            if not tokens.check(prompt, steps, labels, sep, p, first + j):
+                                counts["too_long"] = counts.get("too_long", 0) + 1  # --on-too-long drop
+                                continue
+                        split = ("test" if row.get(key) in test else "train") if cfg.test_size is not None else cfg.split
+                        buffers[split].append(rec)
+                        counts["rows_out"] += 1
+                        if row.get("mc_value_start") is not None:  # how often the labelling model solves the problem
+                            counts["v0_rows"] = counts.get("v0_rows", 0) + 1
+                            counts["v0_sum"] = round(counts.get("v0_sum", 0.0) + row["mc_value_start"], 6)
+                        labels = rec.get("labels")
+                        if cfg.format == "pairs" and None not in (rec["chosen_value"], rec["rejected_value"]) \
+                                and rec["chosen_value"] <= rec["rejected_value"]:
+                            counts["pairs_not_preferred"] = counts.get("pairs_not_preferred", 0) + 1
+                        if cfg.format == "messages":
+                            counts["messages"] = counts.get("messages", 0) + len(rec["messages"])
+                            counts["tool_calls"] = counts.get("tool_calls", 0) + sum(
+                                len(m["tool_calls"] or []) for m in rec["messages"])
+                        if cfg.format in SOFT_FORMATS:
+                            counts["steps"] += len(labels)
+                            if cfg.soft:
+                                value_sum += sum(labels)
+                            else:
+                                counts["labels_true"] += sum(labels)
+                                counts["labels_false"] += len(labels) - sum(labels)
+                        if len(buffers[split]) >= cfg.rows_per_file:
+                            flush(split)
+            for s in splits:
+                if not buffers[s] and not files[s]:  # datasets cannot load a split with no rows
+                    raise StepkitError(f"{in_path}: the {s} split would have no rows (input rows: {counts['rows_in']}, "
+                                       f"null labels: {counts['null_labels']}, flagged by filter: "
+                                       f"{counts['filtered']}); nothing written")
+                if buffers[s]:
+                    flush(s)
+            data_files: dict[str, list[str]] = {}
+            for s in splits:
+                n = len(files[s])
+                data_files[s] = []
+                for i, f in enumerate(files[s]):
+                    final = f.with_name(f"{s}-{i:05d}-of-{n:05d}.parquet")
+                    f.rename(final)
+                    data_files[s].append(f"data/{final.name}")
+            guard.target = tmp / ".cache"  # (datasets' cache, loading the files back)
+            split_rows = _verify(tmp, data_files, features)
+            guard.target = None
+            if cfg.soft and counts["steps"]:
+                counts["mean_label"] = round(value_sum / counts["steps"], 6)
+            if cfg.format == "messages":
+                counts["message_fields_dropped"] = sum(conv.dropped_keys.values())
+            manifest = {
+                "stage": "export", "stepkit_version": __version__,
+                "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "config": config,
+                "label_rule": _label_rule(cfg, conv.kind),
+                "splits": {s: {"rows": split_rows[s], "files": data_files[s],
+                               "sha256": {f: file_sha256(tmp / f) for f in data_files[s]}} for s in splits},
+                "counts": {**counts, **conv.counts}, "features": features.to_dict(), "step_separator": separator,
+                **({"token_lengths": tokens.report()} if tokens is not None else {}),
+                **({"dropped_message_keys": dict(sorted(conv.dropped_keys.items()))} if cfg.format == "messages" else {}),
+                "inputs": [{"path": str(p), "sha256": h, "manifest": read_manifest(p)} for p, h in zip(shards, hashes)],
+            }
+            guard.target = tmp / MANIFEST
+            write_json(tmp / MANIFEST, manifest)
+            guard.target = None
+            _put_in_place(tmp, out)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    return manifest
+
+
+def _put_in_place(tmp: Path, out: Path) -> None:
+    """Make the staged export ``tmp`` the folder ``out``. A new OUT appears at once (one rename); an existing
+    one keeps its folder (it may be a shell's current folder) and has its contents swapped; a failed swap
+    puts the earlier contents back, so OUT is the old export or the new one, never a mix."""
     if not out.exists():
-        tmp.rename(out)  # a new OUT appears at once
-    else:  # swap the contents, keeping the folder itself (it may be a shell's current folder)
-        old = out.with_name(f".{out.name}.old-{os.getpid()}")
-        old.mkdir()
+        tmp.rename(out)
+        return
+    old = out.with_name(f".{out.name}.old-{os.getpid()}")
+    shutil.rmtree(old, ignore_errors=True)
+    old.mkdir()
+    new, moved = [e.name for e in tmp.iterdir()], []
+    try:
         for entry in list(out.iterdir()):
             entry.rename(old / entry.name)
-        for entry in list(tmp.iterdir()):
-            entry.rename(out / entry.name)
-        shutil.rmtree(old, ignore_errors=True)
-        tmp.rmdir()
-    return manifest
+            moved.append(entry.name)
+        for name in new:
+            (tmp / name).rename(out / name)
+    except BaseException:
+        for name in new:
+            if (out / name).exists() and not (tmp / name).exists():
+                (out / name).rename(tmp / name)
+        for name in moved:
+            (old / name).rename(out / name)
+        old.rmdir()
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+    tmp.rmdir()
 
 
 def _label_rule(cfg: ExportConfig, kind: str | None) -> str:

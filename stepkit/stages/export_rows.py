@@ -13,7 +13,13 @@ import pyarrow as pa
 from stepkit.columns import Meanings, read_meanings
 from stepkit.errors import InputError
 from stepkit.grading.verdicts import first_error_of, labels_from_first_error
-from stepkit.schema import check_column_types, check_columns, check_kept_steps
+from stepkit.schema import (
+    PROBLEMS_NOT_TRAJECTORIES,
+    check_column_types,
+    check_columns,
+    check_kept_steps,
+    holds_problems,
+)
 from stepkit.shards import read_manifest
 from stepkit.stages import export_text
 
@@ -137,6 +143,8 @@ class Converter:
 
     def check_schema(self, schema: pa.Schema, path: Path) -> None:
         self.meanings[Path(path)] = read_meanings(schema, path)
+        if holds_problems(schema) and self.cfg.format != "pairs":
+            raise InputError(path, PROBLEMS_NOT_TRAJECTORIES)
         if self.cfg.format == "math-shepherd":
             self.task_hint[Path(path)] = export_text.ingest_input(read_manifest(Path(path)))
         if self.cfg.format == "messages":
@@ -236,7 +244,7 @@ class Converter:
 
     def _steps(self, steps: list[str], path: Path, i: int, column: str) -> list[str]:
         return export_text.checked_steps(list(steps), self.sep, self.cfg.separator_in_step, path, i, column,
-                                         self.counts)
+                                         self.counts, self.cfg.format)
 
 
 def flagged(row: dict) -> bool:

@@ -131,10 +131,15 @@ def resolve_separator(given: str | None, seen: Counter, fmt: str, in_path) -> tu
     return DEFAULT_SEPARATOR, "format"
 
 
+LIST_FORMATS = ("trl", "processbench")  # the steps stay a list in the dataset; a reader joins them
+
+
 def checked_steps(steps: list[str], sep: str, mode: str, path: Path, i: int, column: str,
-                  counts: Counter) -> list[str]:
+                  counts: Counter, fmt: str = "math-shepherd") -> list[str]:
     """``steps`` with none holding ``sep``: refused (``mode == "error"``) or each ``sep`` inside a step replaced
-    by a space (``rejoin``, counted in ``counts["steps_rejoined"]``).
+    by a space (``rejoin``, counted in ``counts["steps_rejoined"]``). The refusal says who joins the steps:
+    the export itself (text formats), or for a list format (:data:`LIST_FORMATS`) the trainer or evaluator
+    that joins the list with the separator the export records.
 
     Raises:
         InputError: a step holds the separator and ``mode`` is ``error`` (file, row, column and step named).
@@ -144,9 +149,12 @@ def checked_steps(steps: list[str], sep: str, mode: str, path: Path, i: int, col
         if sep not in s.strip():
             continue
         if mode == "error":
-            raise InputError(path, f"step {k} holds the step separator {shown(sep)}: joined, it would read as two "
-                                   "steps; give another --step-separator, or --separator-in-step rejoin to replace "
-                                   "it inside steps by a space", row=i, column=column)
+            who = (f"--format {fmt} keeps the steps a list, but a reader that joins them with the separator this "
+                   "export records (a trainer joining completions, a PRM scored at each separator) would read it as "
+                   "two steps") if fmt in LIST_FORMATS else "joined into the text, it would read as two steps"
+            raise InputError(path, f"step {k} holds the step separator {shown(sep)}: {who}; give another "
+                                   "--step-separator, or --separator-in-step rejoin to replace it inside steps by a "
+                                   "space", row=i, column=column)
         out[k] = re.sub(r"[ \t]*" + re.escape(sep) + r"[ \t]*", " ", s.strip())
         counts["steps_rejoined"] += 1
     return out

@@ -58,12 +58,19 @@ Columns (:data:`COLUMNS`): ``filter_reason`` (null: kept; else ``unlabelled``,
 ``consensus``, ``prof``, ``min-value``, ``max-value``, ``status``, ``dedupe``, ``steps``, ``error``,
 ``no-correct-steps``), ``filter_rule`` (the rule as written), ``filter_steps_before``,
 ``filter_kept_steps`` and ``filter_cut_by``. A row that arrives flagged (from an earlier ``--flag-only``
-run) counts as dropped with its reason. Filter holds one shard in memory (rules such as ``dedupe`` and
-``prof`` need all its rows), so a shard is one chunk.
+run) counts as dropped with its reason. Filter holds one shard in memory, so a shard is one chunk.
+
+**Across the shards of a folder**: ``dedupe`` and ``prof`` act on the whole input, not shard by shard (breaking
+run E6: a row duplicated in two shards survived; a problem whose rows span shards lost ``--remove N`` rows in
+each). While planning, every row of every shard is read once, keeping only what the rules read (the prompt and
+each step as a 16-byte digest, the rule columns), and the rule chain is run over all of them in shard order;
+each shard is then written with those rules' decisions for its rows (the first of equal rows is the first in
+shard order). With ``--world-size W`` the whole input is this rank's shards.
 """
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -74,7 +81,9 @@ from stepkit.errors import ConfigError, InputError, StepkitError
 from stepkit.options import Config, opt
 from stepkit.schema import check_kept_steps
 from stepkit.stage import SideOutput, Stage
-from stepkit.stages.filter_rules import KEEP, RULE_SYNTAX, FirstErrorRule, Prof, Status, parse_rule
+from stepkit.stages.filter_rules import KEEP, RULE_SYNTAX, Dedupe, FirstErrorRule, Prof, Status, parse_rule
+
+GLOBAL_RULES = (Dedupe, Prof)  # their decision for a row depends on other rows: made over the whole input
 
 COLUMNS = (  # why a row is (or would be) dropped, and what cutting did to its steps
     Column("filter_reason", pa.string(), "why the row is dropped (null: kept)"),
@@ -131,11 +140,19 @@ class FilterStage(Stage):
         # first-error columns are range-checked while planning (an index past the steps is no "no error")
         self.status_cols |= {c for r in self.rules if isinstance(r, FirstErrorRule) for c in r.columns}
         self.per_step = set(cfg.step_column)  # grows with every planned shard's per-step columns (check_schema)
+        self._global = [k for k, r in enumerate(self.rules) if isinstance(r, GLOBAL_RULES)]
+        self._views: dict[str, list[dict]] = {}  # shard -> its rows as the rules read them (planning)
+        self._decided: dict[int, dict[tuple[str, int], tuple]] | None = None  # rule -> (shard, row) -> decision
+        self._shard: str | None = None
         self._set_optional_columns()
 
     def _set_optional_columns(self) -> None:
-        self.optional_columns = tuple(sorted(self.per_step | self.status_cols
+        read = {c for r in self.rules for c in (*r.columns, *r.status_columns())} if self._global else set()
+        self.optional_columns = tuple(sorted(self.per_step | self.status_cols | read
                                              | {"filter_reason", "filter_kept_steps", "filter_steps_before"}))
+
+    def __getstate__(self):
+        return {**self.__dict__, "_views": {}}  # (planning's digests are not needed where the rows are written)
 
     def side_outputs(self):
         return {"dropped": SideOutput(Path(self.cfg.dropped), None)} if self.cfg.dropped else {}
@@ -153,12 +170,23 @@ class FilterStage(Stage):
                 raise InputError(path, f"--step-column must be a list column, found {t}", column=c)
         for rule in self.rules:
             rule.check_schema(schema, path)
+        self._set_optional_columns()  # (the status columns the rules read are known now)
 
     def planned(self):
-        """A status rule whose value no input row of the run has is refused before anything is written."""
+        """A status rule whose value no input row of the run has is refused before anything is written; with
+        ``dedupe`` or ``prof`` and more than one shard, the rules are run over every row of every shard (in
+        shard order) and their decisions kept for :meth:`process`."""
         for rule in self.rules:
             if isinstance(rule, Status):
                 rule.check_seen()
+        if len(self._views) > 1:
+            where = [(shard, j) for shard, views in self._views.items() for j in range(len(views))]
+            self._decided = {k: {} for k in self._global}
+            self._run_rules([v for views in self._views.values() for v in views], where, record=self._decided)
+        self._views = {}
+
+    def start_shard(self, shard):
+        self._shard = str(shard)
 
     def validate(self, rows, path, first_row):
         """Every per-step column of a row has one entry per step (null cells are allowed), and the steps
@@ -167,6 +195,10 @@ class FilterStage(Stage):
         for rule in self.rules:
             if isinstance(rule, Status):
                 rule.observe(rows)
+        if self._global:  # what the rules read, the texts as digests (equal texts, equal digests)
+            self._views.setdefault(str(path), []).extend(
+                {**r, "prompt": _digest(r.get("prompt")), "steps": [_digest(x) for x in r["steps"] or []]}
+                for r in rows)
         for i, r in enumerate(rows):
             if not r.get("steps"):
                 raise InputError(path, "null or empty steps", row=first_row + i, column="steps")
@@ -188,10 +220,16 @@ class FilterStage(Stage):
                                      row=first_row + i, column=c)
 
     def _step_columns(self, rows: list[dict]) -> list[str]:
-        present = rows[0].keys() if rows else ()
+        present = dict.fromkeys(c for r in ([rows[0]] if rows else []) + rows[-1:] for c in r)
         return [c for c in present if c in self.per_step]
 
-    def process(self, rows):
+    def _run_rules(self, rows: list[dict], where: list[tuple[str, int]] | None = None,
+                   record: dict | None = None) -> tuple[list[dict], list, list]:
+        """The rule chain over ``rows``: each row's view (its steps as cut), drop reason and cutting rule.
+
+        ``where`` is each row's (shard, row index). With ``record`` (planning, every row of the input) the
+        decisions of ``dedupe`` / ``prof`` are stored in it by ``where``; without it, those rules take the
+        decisions planning stored (:attr:`_decided`) when there are any for these rows."""
         cfg = self.cfg
         step_cols = self._step_columns(rows)
 
@@ -207,15 +245,30 @@ class FilterStage(Stage):
         for i, r in enumerate(rows):
             if r.get("filter_reason"):  # flagged by an earlier --flag-only run
                 reason[i] = (r["filter_reason"], r.get("filter_rule") or "")
-        for rule in self.rules:
+        for k, rule in enumerate(self.rules):
             alive = [i for i in range(len(rows)) if reason[i] is None]
-            for i, d in zip(alive, rule.decide([views[i] for i in alive], cfg)):
+            if record is None and where is not None and k in self._global:
+                decided = [self._decided[k].get(where[i], KEEP) for i in alive]
+            else:
+                decided = rule.decide([views[i] for i in alive], cfg)
+                if record is not None and k in record:
+                    record[k].update((where[i], d) for i, d in zip(alive, decided) if d is not KEEP)
+            for i, d in zip(alive, decided):
                 if d is KEEP:
                     continue
                 if d[0] == "drop":
                     reason[i] = (d[1], rule.text)
                 elif d[1] < len(views[i]["steps"]):
                     views[i], cut_by[i] = cut(views[i], d[1]), rule.text
+        return views, reason, cut_by
+
+    def process(self, rows):
+        cfg = self.cfg
+        step_cols = self._step_columns(rows)
+        where = None
+        if self._decided is not None and self._shard is not None:  # (one chunk: the whole shard)
+            where = [(self._shard, j) for j in range(len(rows))]
+        views, reason, cut_by = self._run_rules(rows, where)
         counters: dict[str, int] = {"rows_in": len(rows), "steps_in": sum(len(r["steps"]) for r in rows)}
         kept, dropped = [], []
         for i, r in enumerate(rows):
@@ -243,6 +296,10 @@ class FilterStage(Stage):
         _balance(counters, rows, "in", labels)
         _balance(counters, final, "kept", labels)
         return kept, counters, ({"dropped": dropped} if cfg.dropped else {})
+
+
+def _digest(text: str | None) -> bytes | None:
+    return None if text is None else hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
 
 
 def _check_lengths(row: dict, step_cols: list[str]) -> None:

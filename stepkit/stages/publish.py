@@ -40,7 +40,7 @@ import pyarrow.parquet as pq
 
 from stepkit.errors import ConfigError, StepkitError
 from stepkit.options import Config, opt
-from stepkit.shards import file_sha256, remove_stale, write_json
+from stepkit.shards import Writing, file_sha256, remove_stale, write_error_in, write_json
 from stepkit.stages import card_merge, dataset_card
 from stepkit.stages.export import MANIFEST, read_export_manifest
 
@@ -54,9 +54,11 @@ class PublishConfig(Config):
 
     repo_id: str | None = opt(None, "ORG/NAME of the dataset repository (required unless --dry-run).")
     dry_run: bool = opt(False, "Write the card, check the folder loads, print what would be uploaded; upload nothing.")
-    private: bool = opt(False, "Create the repository as private.")
+    private: bool = opt(False, "The data must not be public: create the repository as private; an existing "
+                               "repository that is public is refused (nothing uploaded).")
     endpoint: str | None = opt(None, "Hub endpoint URL (default: HF_ENDPOINT, else the public Hub).")
-    license: str | None = opt(None, "The card's license id (default: from the source data when known, else unknown).")
+    license: str | None = opt(None, "The card's license id, one the Hub lists (mit, apache-2.0, cc-by-4.0, ...; "
+                                    "default: from the source data when known, else unknown).")
     config: str = opt("default", "The subset (config) this folder is: its files go to data/NAME/, its own configs: "
                                  "entry and card section, merged with the subsets already on the repository.",
                       metavar="NAME")
@@ -73,6 +75,9 @@ class PublishConfig(Config):
         if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", self.config):
             raise ConfigError(f"--config {self.config!r}: a subset name is letters, digits, '_', '.' and '-' "
                               "(e.g. gsm8k)")
+        from stepkit.stages.card_sources import check_license
+
+        check_license(self.license)  # (breaking run D9: any text, even '', went into the card)
         if self.repo_id is None and not self.dry_run:
             raise ConfigError("give --repo-id ORG/NAME, or --dry-run to check the folder without uploading")
         if self.repo_id is not None:
@@ -136,10 +141,9 @@ def owned(path: str, config: str) -> bool:
                                                                                 f"report-{config}.html")
 
 
-def _stage(folder: Path, splits: dict[str, list[str]], config: str) -> tuple[Path, dict[str, list[str]]]:
-    """A staging folder beside FOLDER holding the data files where the repository keeps them; returns it and
-    the splits' files by their repository paths."""
-    staging = folder.with_name(f".{folder.name}.publish-{os.getpid()}")
+def _stage(folder: Path, staging: Path, splits: dict[str, list[str]], config: str) -> dict[str, list[str]]:
+    """Fill the staging folder beside FOLDER with the data files where the repository keeps them; returns the
+    splits' files by their repository paths."""
     shutil.rmtree(staging, ignore_errors=True)
     (staging / data_prefix(config)).mkdir(parents=True)
     staged = {s: [data_prefix(config) + Path(f).name for f in fs] for s, fs in splits.items()}
@@ -148,7 +152,7 @@ def _stage(folder: Path, splits: dict[str, list[str]], config: str) -> tuple[Pat
             os.link(folder / f, staging / g)
         except OSError:
             shutil.copy2(folder / f, staging / g)
-    return staging, staged
+    return staged
 
 
 def check_loads(folder: Path, splits: dict[str, list[str]], config: str = "default") -> dict[str, int]:
@@ -165,6 +169,8 @@ def check_loads(folder: Path, splits: dict[str, list[str]], config: str = "defau
     try:
         ds = datasets.load_dataset(str(folder), None if config == "default" else config, cache_dir=str(cache))
     except Exception as e:  # noqa: BLE001 - datasets raises many kinds; each is one line here
+        if write_error_in(e) is not None:  # a full disk under its cache is not bad data: the caller words it
+            raise
         raise StepkitError(f"{folder}: datasets cannot load the folder ({type(e).__name__}: {str(e).splitlines()[0]})") from None
     finally:
         shutil.rmtree(cache, ignore_errors=True)
@@ -264,34 +270,60 @@ def publish(folder: str | os.PathLike, cfg: PublishConfig, log=print) -> dict[st
     if manifest is None:
         raise ConfigError(f"{folder}: not a stepkit export folder (no readable {MANIFEST}); run stepkit export first")
     splits = _splits(folder, manifest)
-    staging, staged = _stage(folder, splits, cfg.config)
+    from stepkit.runner.parts import OutputLock
+
+    with OutputLock(folder):  # (an export writing FOLDER, or another publish of it: refused)
+        return _publish(folder, given, manifest, splits, cfg, log)
+
+
+def _publish(folder: Path, given: str, manifest: dict, splits: dict[str, list[str]], cfg: PublishConfig,
+             log) -> dict[str, Any]:
+    staging = folder.with_name(f".{folder.name}.publish-{os.getpid()}")
     lineage_file = "lineage.json" if cfg.config == "default" else f"lineage-{cfg.config}.json"
     pretty = cfg.pretty_name or (cfg.repo_id or folder.name).split("/")[-1]
+    guard = Writing("publish", folder, staging, folder)  # a full disk or a read-only folder: one line
     try:
-        for f, g in zip((f for fs in splits.values() for f in fs), (g for gs in staged.values() for g in gs)):
-            try:  # a damaged data file is one line, before anything
-                pq.read_table(staging / g)
-            except (pa.ArrowException, OSError) as e:
-                raise StepkitError(f"{folder / f}: not a readable Parquet file ({str(e).splitlines()[0][:160]}); "
-                                   "re-export the folder") from None
-        stats = dataset_card.label_stats(staging, staged, manifest["config"]["format"])
-        images = dataset_card.draw_figures(stats, staging, pretty, cfg.config)
-        made = _report(folder, staging, manifest, cfg, pretty)
-        card = dataset_card.render_card(staging, manifest, staged, cfg.repo_id or given, cfg.license, images, stats,
-                                        cfg.config, pretty, lineage_file, report=made)
-        (staging / "README.md").write_text(card)
-        write_json(staging / lineage_file, dataset_card.public_lineage(manifest))
-        try:
-            rows = check_loads(staging, staged, cfg.config)
-        except StepkitError as e:  # name the user's folder, not the staging copy
-            raise StepkitError(str(e).replace(str(staging), str(folder))) from None
-        card = card_merge.merge(None, card, cfg.config, pretty)
-        (staging / "README.md").write_text(card)
-        files = _upload_files(staging)
-        report: dict[str, Any] = {"files": files, "splits": rows, "card": card, "images": images, "report": made}
+        with guard:
+            guard.target = staging / "data"
+            staged = _stage(folder, staging, splits, cfg.config)
+            guard.target = None
+            for f, g in zip((f for fs in splits.values() for f in fs), (g for gs in staged.values() for g in gs)):
+                try:  # a damaged data file is one line, before anything
+                    pq.read_table(staging / g)
+                except (pa.ArrowException, OSError) as e:
+                    raise StepkitError(f"{folder / f}: not a readable Parquet file ({str(e).splitlines()[0][:160]}); "
+                                       "re-export the folder") from None
+            stats = dataset_card.label_stats(staging, staged, manifest["config"]["format"])
+            guard.target = staging / "images"
+            images = dataset_card.draw_figures(stats, staging, pretty, cfg.config)
+            made = _report(folder, staging, manifest, cfg, pretty, guard)
+            card = dataset_card.render_card(staging, manifest, staged, cfg.repo_id or given, cfg.license, images,
+                                            stats, cfg.config, pretty, lineage_file, report=made)
+            guard.target = staging / "README.md"
+            (staging / "README.md").write_text(card)
+            guard.target = staging / lineage_file
+            write_json(staging / lineage_file, dataset_card.public_lineage(manifest))
+            guard.target = staging / ".cache"  # (datasets' cache, loading the folder as a Hub user would)
+            try:
+                rows = check_loads(staging, staged, cfg.config)
+            except StepkitError as e:  # name the user's folder, not the staging copy
+                raise StepkitError(str(e).replace(str(staging), str(folder))) from None
+            guard.target = staging / "README.md"
+            card = card_merge.merge(None, card, cfg.config, pretty)
+            (staging / "README.md").write_text(card)
+            guard.target = None
+            files = _upload_files(staging)
+            report: dict[str, Any] = {"files": files, "splits": rows, "card": card, "images": images, "report": made}
         if not cfg.dry_run:
             report["commit"], report["card"] = _upload(staging, cfg, manifest, sum(rows.values()), card, pretty, log)
-        _install(staging, folder, images, lineage_file, made, cfg.config)
+        try:
+            with Writing("publish", folder) as install:
+                _install(staging, folder, images, lineage_file, made, cfg.config, install)
+        except StepkitError as e:
+            if cfg.dry_run:
+                raise
+            raise StepkitError(f"{e} (commit {report['commit']} was published; {folder} keeps its earlier card)"
+                               ) from None
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return report
@@ -302,7 +334,8 @@ def report_file(config: str) -> str:
     return "report.html" if config == "default" else f"report-{config}.html"
 
 
-def _report(folder: Path, staging: Path, manifest: dict, cfg: PublishConfig, title: str) -> str | None:
+def _report(folder: Path, staging: Path, manifest: dict, cfg: PublishConfig, title: str,
+            guard: Writing | None = None) -> str | None:
     """Write the subset's report page (:mod:`stepkit.stages.report`, the default sample) over the export
     ``folder`` into ``staging``; its file name, or None with ``--no-report`` and for preference pairs (no
     steps to show)."""
@@ -311,26 +344,41 @@ def _report(folder: Path, staging: Path, manifest: dict, cfg: PublishConfig, tit
     from stepkit.stages.report import ReportConfig, write_report
 
     name = report_file(cfg.config)
-    write_report([str(folder)], ReportConfig(out=str(staging / name), title=title))
+    write_report([str(folder)], ReportConfig(out=str(staging / name), title=title), guard=guard)
     return name
 
 
 def _install(staging: Path, folder: Path, images: list[str], lineage_file: str, report: str | None = None,
-             config: str = "default") -> None:
-    """Put the card, figures and report into FOLDER (atomic per file), removing figures of an older publish
-    (and its report when none was made)."""
+             config: str = "default", guard: Writing | None = None) -> None:
+    """Put the card, figures and report into FOLDER, removing figures of an older publish (and its report
+    when none was made). Every file is copied beside its place first (``.NAME.tmp-<pid>``, the step that needs
+    space), then each is renamed into place: a full disk leaves FOLDER's earlier card, figures and report as
+    they were.
+
+    Raises:
+        OSError: a file cannot be copied (the copies made are removed)."""
+    rels = ["README.md", lineage_file, *images, *([report] if report else [])]
+    tmps = []
+    try:
+        for rel in rels:
+            dst = folder / rel
+            if guard is not None:
+                guard.target = dst
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            tmps.append(dst.with_name(f".{dst.name}.tmp-{os.getpid()}"))
+            shutil.copy2(staging / rel, tmps[-1])
+    except BaseException:
+        for t in tmps:
+            t.unlink(missing_ok=True)
+        raise
+    for rel, tmp in zip(rels, tmps):
+        os.replace(tmp, folder / rel)
     for d in {Path(i).parent for i in images} | {Path("images")}:
         for old in (folder / d).glob("*.png") if (folder / d).is_dir() else ():
             if str(d / old.name) not in images:
                 old.unlink()
     if report is None:
         (folder / report_file(config)).unlink(missing_ok=True)
-    for rel in ["README.md", lineage_file, *images, *([report] if report else [])]:
-        dst = folder / rel
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        tmp = dst.with_name(f".{dst.name}.tmp-{os.getpid()}")
-        shutil.copy2(staging / rel, tmp)
-        os.replace(tmp, dst)
 
 
 def _upload(staging: Path, cfg: PublishConfig, manifest: dict, n_rows: int, card: str, pretty: str,
@@ -356,6 +404,15 @@ def _upload(staging: Path, cfg: PublishConfig, manifest: dict, n_rows: int, card
     repo = cfg.repo_id
     with_retries(lambda: api.create_repo(repo, repo_type="dataset", private=cfg.private, exist_ok=True),
                  f"creating {repo}", cfg, endpoint)
+    if cfg.private:  # create_repo leaves an existing repository as it is (breaking run E7: published publicly)
+        visible = with_retries(lambda: api.repo_info(repo, repo_type="dataset").private, f"reading {repo}", cfg,
+                               endpoint)
+        if visible is not True:
+            state = "is public" if visible is False else "does not say whether it is private"
+            raise StepkitError(f"--private: {repo} exists and {state} on {endpoint}, so this upload would be public; "
+                               f"nothing uploaded: make it private first (its settings page, or huggingface_hub's "
+                               f"HfApi().update_repo_settings({repo!r}, private=True, repo_type='dataset')) or drop "
+                               "--private")
     subset = "" if cfg.config == "default" else f", subset {cfg.config}"
     message = cfg.commit_message or f"stepkit publish: {n_rows} rows, format {manifest['config']['format']}{subset}"
     upload = [rel for rel, _ in _upload_files(staging)]

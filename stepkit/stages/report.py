@@ -244,15 +244,18 @@ def render(doc: dict[str, Any]) -> str:
     return re.sub(r"\{\{(TITLE|CSS|DATA|JS|KATEX)\}\}", lambda m: parts[m.group(1)], page)
 
 
-def write_report(inputs: list[str | os.PathLike], cfg: ReportConfig) -> dict[str, Any]:
-    """Build the page of ``inputs`` and write it to ``cfg.out`` atomically (temporary file + rename);
-    returns ``{"path", "bytes", "rows", "carried", "labellers", "seconds"}``.
+def write_report(inputs: list[str | os.PathLike], cfg: ReportConfig, guard=None) -> dict[str, Any]:
+    """Build the page of ``inputs`` and write it to ``cfg.out`` atomically (temporary file + rename), holding
+    the output lock of ``cfg.out`` (a second report to the same file at once is refused); returns
+    ``{"path", "bytes", "rows", "carried", "labellers", "seconds"}``. ``guard`` (a
+    :class:`stepkit.shards.Writing`) words a write failure, by default as ``report: cannot write OUT: REASON``.
 
     Raises:
         InputError: see :func:`build`.
-        StepkitError: the file cannot be written (one line naming it).
+        StepkitError: the file cannot be written (one line naming it and the reason).
     """
-    from stepkit.errors import StepkitError
+    from stepkit.runner.parts import OutputLock
+    from stepkit.shards import Writing
 
     t0 = time.perf_counter()
     if cfg.typeset:
@@ -261,12 +264,17 @@ def write_report(inputs: list[str | os.PathLike], cfg: ReportConfig) -> dict[str
     text = render(doc)
     out = Path(cfg.out)
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-    try:
+    guard = guard or Writing("report", out)
+    with guard:
+        guard.target = out
         out.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, out)
-    except OSError as e:
-        tmp.unlink(missing_ok=True)
-        raise StepkitError(f"{out}: cannot write the report ({e.strerror or e})") from None
+        with OutputLock(out):
+            try:
+                tmp.write_text(text, encoding="utf-8")
+                os.replace(tmp, out)
+            except BaseException:
+                tmp.unlink(missing_ok=True)
+                raise
+        guard.target = None
     return {"path": str(out), "bytes": out.stat().st_size, "rows": doc["total_rows"], "carried": doc["carried"],
             "labellers": [lab["title"] for lab in doc["labellers"]], "seconds": time.perf_counter() - t0}

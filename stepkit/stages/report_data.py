@@ -35,7 +35,7 @@ import pyarrow.compute as pc
 
 from stepkit.columns import Column, Meanings, read_meanings
 from stepkit.errors import InputError
-from stepkit.schema import REFERENCE_COLUMNS
+from stepkit.schema import PROBLEMS_NOT_TRAJECTORIES, REFERENCE_COLUMNS, holds_problems
 from stepkit.shards import list_shards, open_parquet, read_manifest
 
 MAX_POSITIONS = 40  # value-by-position figures stop at this step position
@@ -77,16 +77,31 @@ def load(paths: list[str | os.PathLike]) -> Source:
             (one line naming the file); an export of the pairs format (no steps to show).
     """
     tables, inputs, trees, titles = [], [], [], {}
+    given: dict[Path, str] = {}  # every file read, resolved -> the IN it came from
+
+    def once(p: Path, via: str) -> None:  # (breaking run D10: one IN twice counted its rows twice)
+        key = p.resolve()
+        if key in given:
+            same = "given twice" if given[key] == via else f"also read through {given[key]}"
+            raise InputError(p, f"{same}: its rows would be counted twice; give each IN once")
+        given[key] = via
+
     for path in paths:
         p = Path(path)
         if p.is_dir() and (p / "stepkit.manifest.json").is_file():
-            t, info, title = _load_export(p)
-            tables.append(t)
+            once(p, str(path))
+            key = "export" if "export" not in titles else f"export{len([k for k in titles if k.startswith('export')]) + 1}"
+            t, info, title = _load_export(p)  # each export its own labeller (D8: a second one took the first's)
+            tables.append(t.rename_columns([c.replace("export_", f"{key}_", 1) if c.startswith("export_") else c
+                                            for c in t.column_names]))
             inputs.extend(info)
-            titles["export"] = title
+            titles[key] = f"{title} ({p.name})" if len(paths) > 1 else title
             continue
         for shard in list_shards(p):
+            once(shard, str(path))
             pf = open_parquet(shard)
+            if holds_problems(pf.schema_arrow):
+                raise InputError(shard, PROBLEMS_NOT_TRAJECTORIES)
             meanings = read_meanings(pf.schema_arrow, shard)  # bad metadata is one line naming the file
             roles = {n for n, c in meanings.columns.items() if c.role in ("label", "value", "first_error", "status")}
             columns = [n for n in pf.schema_arrow.names if n in ROW_COLUMNS or n in roles]
@@ -94,6 +109,7 @@ def load(paths: list[str | os.PathLike]) -> Source:
                 tables.append(pf.read(columns=columns))
             except (pa.ArrowException, OSError) as e:
                 raise InputError(shard, f"cannot read its rows ({str(e).splitlines()[0][:160]})") from None
+            _check_step_lengths(tables[-1], meanings, shard)
             inputs.append({"path": shard.name, "rows": pf.metadata.num_rows, "kind": "shard"})
             side = ((read_manifest(shard) or {}).get("side_outputs") or {}).get("tree") or {}
             if side.get("path") and Path(side["path"]).is_file():
@@ -105,6 +121,26 @@ def load(paths: list[str | os.PathLike]) -> Source:
     if "steps" not in table.column_names:
         raise InputError(paths[0], "has no 'steps' column: report shows trajectory shards and export folders")
     return Source(table, Meanings(table.schema), inputs, trees, titles)
+
+
+def _check_step_lengths(table: pa.Table, meanings: Meanings, shard: Path) -> None:
+    """Every per-step label or value list of a row has one entry per step (a null list is allowed).
+
+    Raises:
+        InputError: the first row where one does not, naming the file, row and column (breaking run D11: the
+            page drew such rows, each step beside another step's label, with no word)."""
+    if "steps" not in table.column_names:
+        return
+    steps = pc.list_value_length(table.column("steps")).to_numpy(zero_copy_only=False)
+    for name, col in meanings.columns.items():
+        if name == "steps" or not col.per_step or col.role not in ("label", "value") or name not in table.column_names:
+            continue
+        n = pc.list_value_length(table.column(name)).to_numpy(zero_copy_only=False)
+        bad = np.flatnonzero(~np.isnan(n.astype(float)) & ~np.isnan(steps.astype(float)) & (n != steps))
+        if len(bad):
+            i = int(bad[0])
+            raise InputError(shard, f"{int(n[i])} entries for {int(steps[i])} steps (a per-step column has one per "
+                                    f"step){f'; {len(bad)} rows like it' if len(bad) > 1 else ''}", row=i, column=name)
 
 
 EXPORT_COLUMNS = {  # the columns an export's labels become (their meaning declared, as a stage would)
