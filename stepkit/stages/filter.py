@@ -58,8 +58,10 @@ Columns (:data:`COLUMNS`): ``filter_reason`` (null: kept; else ``unlabelled``,
 ``consensus``, ``prof``, ``min-value``, ``max-value``, ``status``, ``dedupe``, ``steps``, ``error``,
 ``no-correct-steps``), ``filter_rule`` (the rule as written), ``filter_steps_before``,
 ``filter_kept_steps`` and ``filter_cut_by``. A row that arrives flagged (from an earlier ``--flag-only``
-run) counts as dropped with its reason. Filter holds one shard in memory (rules such as ``dedupe`` and
-``prof`` need all its rows), so a shard is one chunk.
+run) counts as dropped with its reason. Every rule but two decides each row on its own, so the shard is
+read and written in chunks of :data:`STREAM_ROWS` rows (memory bounded by a chunk, whatever the shard's
+size); ``dedupe`` and ``prof`` compare a row with the others (of the shard, of its problem), so a run with
+either holds the whole shard as one chunk.
 """
 
 from __future__ import annotations
@@ -74,7 +76,9 @@ from stepkit.errors import ConfigError, InputError, StepkitError
 from stepkit.options import Config, opt
 from stepkit.schema import check_kept_steps
 from stepkit.stage import SideOutput, Stage
-from stepkit.stages.filter_rules import KEEP, RULE_SYNTAX, FirstErrorRule, Prof, Status, parse_rule
+from stepkit.stages.filter_rules import KEEP, RULE_SYNTAX, Dedupe, FirstErrorRule, Prof, Status, parse_rule
+
+STREAM_ROWS = 4096  # rows per chunk when no rule needs the whole shard (int; the tests make it smaller)
 
 COLUMNS = (  # why a row is (or would be) dropped, and what cutting did to its steps
     Column("filter_reason", pa.string(), "why the row is dropped (null: kept)"),
@@ -115,17 +119,20 @@ class FilterConfig(Config):
 
 
 class FilterStage(Stage):
-    """Apply ``cfg.rule`` to each shard (one chunk per shard); dropped rows are a side output."""
+    """Apply ``cfg.rule`` to each shard, in chunks of :data:`STREAM_ROWS` rows (one chunk per shard when
+    ``dedupe`` or ``prof`` is among the rules); dropped rows are a side output."""
 
     name = "filter"
     one_to_one = False
-    default_chunk_size = 1 << 40  # the whole shard: dedupe and prof need every row
+    default_chunk_size = 1 << 40  # the whole shard: dedupe and prof need every row (else STREAM_ROWS, below)
     columns = COLUMNS
     keep_on_error = frozenset(c.name for c in COLUMNS)  # bookkeeping, not labels: kept on every row
 
     def __init__(self, cfg: FilterConfig):
         self.cfg = cfg
         self.rules = [parse_rule(r) for r in cfg.rule]
+        if not any(isinstance(r, (Dedupe, Prof)) for r in self.rules):  # each row decided on its own
+            self.default_chunk_size = STREAM_ROWS
         self.required_columns = ("prompt", "steps")  # each rule checks its own columns (naming the rule)
         self.status_cols = {r.columns[0] for r in self.rules if isinstance(r, Status)}  # observed while planning
         # first-error columns are range-checked while planning (an index past the steps is no "no error")
