@@ -143,6 +143,27 @@ def iter_row_chunks(path: Path, chunk_size: int, columns: list[str] | None = Non
         yield start, buf
 
 
+def iter_record_batches(path: Path, batch_size: int, columns: list[str] | None = None
+                        ) -> Iterator[tuple[int, pa.RecordBatch]]:
+    """Yield ``(first_row_index, batch)``: the file's record batches of at most ``batch_size`` rows, only
+    ``columns`` (None: all), for code that computes on Arrow data without converting every row.
+
+    Raises:
+        InputError: the file or a data page cannot be read, naming the file and the row after which."""
+    pf = open_parquet(path)
+    start = 0
+    batches = pf.iter_batches(batch_size=max(1, batch_size), columns=columns)
+    while True:
+        try:
+            batch = next(batches)
+        except StopIteration:
+            return
+        except (pa.ArrowException, OSError, ValueError) as e:
+            raise InputError(path, f"cannot read rows after row {start} ({parse_failure(e)})") from None
+        yield start, batch
+        start += batch.num_rows
+
+
 def iter_row_ranges(path: Path, bounds: list[tuple[int, int]], columns: list[str] | None = None
                     ) -> Iterator[list[dict[str, Any]]]:
     """Yield the rows of each ``[start, end)`` range of ``bounds`` (consecutive, covering the file),

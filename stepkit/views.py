@@ -26,7 +26,14 @@ from stepkit.console import make_console
 from stepkit.conversations import ConversationError, message_text, tool_calls
 from stepkit.errors import InputError
 from stepkit.schema import error_reason
-from stepkit.shards import list_shards, mixed_configuration, open_parquet, read_manifest, read_rows
+from stepkit.shards import (
+    iter_record_batches,
+    list_shards,
+    mixed_configuration,
+    open_parquet,
+    read_manifest,
+    read_rows,
+)
 
 
 @dataclass(frozen=True)
@@ -43,6 +50,10 @@ class StageView:
             (empty when the row has no labels from this stage).
         step_cells: ``step_cells(row, s) -> (cells, style or None)`` for step ``s``.
         footer: ``footer(row, console)`` prints what follows the step table (e.g. the last reply).
+        stream: ``stream()`` -> an object with ``columns`` (what it reads besides the step count,
+            :func:`n_steps`), ``add(rows)`` (rows of a record batch, in file order, only those columns) and
+            ``print(console, figs, shards)``, doing what ``stats`` does without holding the rows; None: ``stats``
+            is given every row at once.
     """
 
     marker: str
@@ -52,6 +63,7 @@ class StageView:
     step_columns: Callable | None = None
     step_cells: Callable | None = None
     footer: Callable | None = None
+    stream: Callable | None = None
 
 
 def _load(shard) -> list[dict]:
@@ -73,6 +85,79 @@ def _fmt(x, digits=2):
     return "-" if x is None else f"{x:.{digits}f}"
 
 
+STREAM_ROWS = 8192  # rows per record batch ``stats`` reads when every view present streams (the tests: fewer)
+N_STEPS = "_stepkit_n_steps"  # a streamed row's step count (its steps' text is never read into Python)
+
+
+def n_steps(row: dict) -> int:
+    """The number of steps of a row given to a ``stats`` view: a streamed row carries the count
+    (:data:`N_STEPS`), a whole row its ``steps`` (null or absent: 0)."""
+    return row[N_STEPS] if N_STEPS in row else len(row.get("steps") or [])
+
+
+class _Summary:
+    """The figures every shard has (``print_stats``' first table and its errors table), added batch by
+    batch (:meth:`add`, rows in file order) so that ``stats`` never holds a shard."""
+
+    COLUMNS = ("outcome_correct", "final_answer", "reference_answer", "source_outcome_correct", "error")
+
+    def __init__(self):
+        self.rows = self.steps = self.max_steps = self.graded = self.correct = self.no_final = 0
+        self.with_reference = self.both = self.agree = 0
+        self.has = {"steps": False, "outcome_correct": False, "reference_answer": False,
+                    "source_outcome_correct": False}
+        self.errors: Counter = Counter()
+
+    def add(self, rows: list[dict]) -> None:
+        for r in rows:
+            self.rows += 1
+            if "steps" in r or N_STEPS in r:
+                self.has["steps"] = True
+            n = n_steps(r)
+            self.steps, self.max_steps = self.steps + n, max(self.max_steps, n)
+            for c in ("outcome_correct", "reference_answer", "source_outcome_correct"):
+                self.has[c] = self.has[c] or c in r
+            if r.get("outcome_correct") is not None:
+                self.graded += 1
+                self.correct += r["outcome_correct"]
+            self.no_final += r.get("final_answer") is None
+            self.with_reference += bool(r.get("reference_answer"))
+            if r.get("source_outcome_correct") is not None and r.get("outcome_correct") is not None:
+                self.both += 1
+                self.agree += r["source_outcome_correct"] == r["outcome_correct"]
+            if r.get("error"):
+                self.errors[error_reason(r["error"])] += 1
+
+    def print(self, shard, console: Console, figs: dict) -> None:
+        figs["rows"] = self.rows
+        t = Table(title=escape(f"{shard}"), show_header=False)
+        t.add_row("rows", str(self.rows))
+        if self.has["steps"]:
+            figs["steps"] = self.steps
+            t.add_row("steps", f"{self.steps} (mean {self.steps / self.rows:.1f}, max {self.max_steps})")
+        if self.has["outcome_correct"]:
+            figs["outcome_accuracy"] = self.correct / self.graded if self.graded else None
+            t.add_row("outcome accuracy", f"{_fmt(figs['outcome_accuracy'], 3)} ({self.correct}/{self.graded})")
+            figs["no_final_answer"] = self.no_final
+            t.add_row("no final answer", str(self.no_final))
+        if self.has["reference_answer"]:
+            t.add_row("with reference answer", str(self.with_reference))
+        if self.has["source_outcome_correct"] and self.both:
+            t.add_row("outcome agrees with source file", f"{self.agree}/{self.both}")
+        figs["errors"] = dict(self.errors)
+        t.add_row("rows with error", str(sum(self.errors.values())))
+        console.print(t)
+
+    def print_errors(self, console: Console) -> None:
+        if self.errors:
+            et = Table(title="errors by reason")
+            et.add_column("reason")
+            et.add_column("rows", justify="right")
+            for k, v in self.errors.most_common():
+                et.add_row(Text(str(k)), str(v))
+            console.print(et)
+
+
 def print_stats(shard, views: list[StageView] = (), console: Console | None = None) -> dict:
     """Print the summary tables of a trajectory shard (or folder) and return the figures as a dict.
 
@@ -81,47 +166,52 @@ def print_stats(shard, views: list[StageView] = (), console: Console | None = No
     stage wrote), e.g. mc-label's value by step position and first-error histogram. A folder whose
     shards were made with different settings gets a warning line naming two of them and the setting
     (:func:`~stepkit.shards.mixed_configuration`; also ``figs["mixed_configuration"]``).
+
+    Memory: when every view the shards have a column for streams (:attr:`StageView.stream`) and no shard
+    holds conversations, the shards are read by record batch (:data:`STREAM_ROWS` rows), only the
+    columns the figures use, step counts without the steps' text; else every row is read at once.
+
+    Raises:
+        InputError: a shard that cannot be read (naming the file, and the row after which it failed).
     """
     console = console or make_console()
-    rows = _load(shard)
-    figs: dict = {"rows": len(rows)}
-    t = Table(title=escape(f"{shard}"), show_header=False)
-    t.add_row("rows", str(len(rows)))
-    if any("steps" in r for r in rows):
-        n_steps = [len(r.get("steps") or []) for r in rows]
-        figs["steps"] = sum(n_steps)
-        t.add_row("steps", f"{sum(n_steps)} (mean {sum(n_steps) / len(rows):.1f}, max {max(n_steps)})")
-    if any("outcome_correct" in r for r in rows):
-        graded = [r["outcome_correct"] for r in rows if r.get("outcome_correct") is not None]
-        figs["outcome_accuracy"] = sum(graded) / len(graded) if graded else None
-        t.add_row("outcome accuracy", f"{_fmt(figs['outcome_accuracy'], 3)} ({sum(graded)}/{len(graded)})")
-        figs["no_final_answer"] = sum(1 for r in rows if r.get("final_answer") is None)
-        t.add_row("no final answer", str(figs["no_final_answer"]))
-    if any("reference_answer" in r for r in rows):
-        t.add_row("with reference answer", str(sum(1 for r in rows if r.get("reference_answer"))))
-    if any("source_outcome_correct" in r for r in rows):
-        both = [r for r in rows if r.get("source_outcome_correct") is not None and r.get("outcome_correct") is not None]
-        if both:
-            agree = sum(r["source_outcome_correct"] == r["outcome_correct"] for r in both)
-            t.add_row("outcome agrees with source file", f"{agree}/{len(both)}")
-    errors = Counter(error_reason(r["error"]) for r in rows if r.get("error"))
-    figs["errors"] = dict(errors)
-    t.add_row("rows with error", str(sum(errors.values())))
-    console.print(t)
-
-    if any(r.get("step_messages") is not None for r in rows):
-        _conversation_stats(shard, rows, console, figs)
     shards = list_shards(shard)
-    for view in views:
-        if view.stats and any(view.marker in r for r in rows):
-            view.stats([r for r in rows if view.marker in r], console, figs, shards)
-    if errors:
-        et = Table(title="errors by reason")
-        et.add_column("reason")
-        et.add_column("rows", justify="right")
-        for k, v in errors.most_common():
-            et.add_row(Text(str(k)), str(v))
-        console.print(et)
+    names = [set(open_parquet(p).schema_arrow.names) for p in shards]
+    present = [v for v in views if v.stats and any(v.marker in n for n in names)]
+    figs: dict = {}
+    summary = _Summary()
+    if any("step_messages" in n for n in names) or any(v.stream is None for v in present):
+        rows = _load(shard)  # a view that reads whole rows (or conversations): every row at once
+        summary.add(rows)
+        summary.print(shard, console, figs)
+        if any(r.get("step_messages") is not None for r in rows):
+            _conversation_stats(shard, rows, console, figs)
+        for view in views:
+            if view.stats and any(view.marker in r for r in rows):
+                view.stats([r for r in rows if view.marker in r], console, figs, shards)
+    else:
+        import pyarrow.compute as pc
+
+        streams = [(v, v.stream()) for v in present]
+        seen = [False] * len(streams)
+        for p, have in zip(shards, names):
+            mine = [k for k, (v, _) in enumerate(streams) if v.marker in have]
+            wanted = [*_Summary.COLUMNS, *(c for k in mine for c in (streams[k][0].marker, *streams[k][1].columns))]
+            cols = [c for c in dict.fromkeys(wanted) if c in have and c != "steps"]
+            for _, batch in iter_record_batches(p, STREAM_ROWS, cols + (["steps"] if "steps" in have else [])):
+                rows = batch.select(cols).to_pylist() if cols else [{} for _ in range(batch.num_rows)]
+                if "steps" in have:
+                    for r, n in zip(rows, pc.list_value_length(batch.column("steps")).to_pylist()):
+                        r[N_STEPS] = n or 0
+                summary.add(rows)
+                for k in mine:
+                    streams[k][1].add(rows)
+                    seen[k] = seen[k] or bool(rows)
+        summary.print(shard, console, figs)
+        for (_, acc), was in zip(streams, seen):
+            if was:
+                acc.print(console, figs, shards)
+    summary.print_errors(console)
     for p in shards:
         m = read_manifest(p)
         if m:

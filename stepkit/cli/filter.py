@@ -12,7 +12,7 @@ from stepkit.cli.common import run, runner_options_only
 from stepkit.options import click_options, from_params
 from stepkit.shards import read_manifest
 from stepkit.stages.filter import FilterConfig
-from stepkit.views import StageView
+from stepkit.views import StageView, n_steps
 
 
 @click.command("filter")
@@ -41,9 +41,35 @@ def _summary_counter(name: str) -> bool:
     return name.startswith(("rows_", "steps_", "dropped_")) and not name.startswith("steps_dropped_")
 
 
+class _FilterStats:
+    """filter's part of ``stats``, added batch by batch: the rows (and their steps) flagged by reason; the
+    rest is in the manifests."""
+
+    columns = ("filter_reason",)
+
+    def __init__(self):
+        self.flagged: Counter = Counter()
+        self.steps: Counter = Counter()
+
+    def add(self, rows) -> None:
+        for r in rows:
+            if r.get("filter_reason"):
+                self.flagged[r["filter_reason"]] += 1
+                self.steps[r["filter_reason"]] += n_steps(r)
+
+    def print(self, console, figs, shards) -> None:
+        _print_tables(self.flagged, self.steps, console, figs, shards)
+
+
 def _filter_tables(rows, console, figs, shards):
-    """filter's part of ``stats``: rows and steps by reason, label balance before and after."""
-    flagged = Counter(r["filter_reason"] for r in rows if r.get("filter_reason"))
+    """filter's part of ``stats`` for rows held at once (:class:`_FilterStats` over one batch)."""
+    acc = _FilterStats()
+    acc.add(rows)
+    acc.print(console, figs, shards)
+
+
+def _print_tables(flagged: Counter, flagged_steps: Counter, console, figs, shards):
+    """Rows and steps by reason, label balance before and after, rows flagged by reason."""
     counts: dict[str, int] = {}
     rules: list[str] = []
     for m in map(read_manifest, shards):
@@ -83,8 +109,7 @@ def _filter_tables(rows, console, figs, shards):
         f.add_column("rows", justify="right")
         f.add_column("steps", justify="right")
         for reason, n in flagged.most_common():
-            steps = sum(len(r.get("steps") or []) for r in rows if r.get("filter_reason") == reason)
-            f.add_row(Text(reason), str(n), str(steps))
+            f.add_row(Text(reason), str(n), str(flagged_steps[reason]))
         console.print(f)
 
 
@@ -97,4 +122,4 @@ def _header(row):
     return None
 
 
-VIEW = StageView(marker="filter_reason", stats=_filter_tables, status_column="filter_reason", header=_header)
+VIEW = StageView(marker="filter_reason", stats=_filter_tables, stream=_FilterStats, status_column="filter_reason", header=_header)

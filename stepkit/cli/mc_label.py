@@ -12,7 +12,7 @@ from stepkit.options import click_options, from_params
 from stepkit.per_row import MIN_DISTINCT_SHARE, ContinuationTally, distinct_share
 from stepkit.shards import read_manifest
 from stepkit.stages.mc_label import MCLabelConfig
-from stepkit.views import StageView
+from stepkit.views import StageView, n_steps
 
 
 @click.command("mc-label")
@@ -35,51 +35,77 @@ def command(inp, out, **kw):
     run(stage, inp, out, kw, "mc-label")
 
 
+class _MCStats:
+    """mc-label's part of ``stats``, added batch by batch: value by step position, first-error histogram,
+    status and continuations (only numbers are kept: the values by position, the counters)."""
+
+    columns = ("mc_status", "mc_value", "filter_cut_by", "mc_first_error", "mc_rollouts", "mc_truncated",
+               "mc_empty", "mc_distinct")
+
+    def __init__(self):
+        self.status: Counter = Counter()
+        self.by_pos: dict[int, list[float]] = {}
+        self.no_signal = 0
+        self.fe: Counter = Counter()
+        self.tally = dict.fromkeys(("continuations", "truncated", "empty", *ContinuationTally.NAMES), 0)
+
+    def add(self, rows) -> None:
+        for r in rows:
+            self.status[r.get("mc_status")] += 1
+            if r.get("mc_status") == "no_signal":  # nothing succeeded: its zeros say nothing about the steps
+                self.no_signal += 1
+            else:
+                n = n_steps(r)
+                for s, v in enumerate(r.get("mc_value") or []):
+                    # the last value is the graded outcome (unless filter cut the steps before the answer)
+                    if v is not None and (s < n - 1 or r.get("filter_cut_by")):
+                        self.by_pos.setdefault(s, []).append(v)
+            # ungraded rows were never labelled: they are in the status counts, not in the histogram
+            if r.get("mc_status") in ("ok", "no_signal"):
+                self.fe[r.get("mc_first_error")] += 1
+        for k, v in continuation_tally(rows, "mc_").items():
+            self.tally[k] += v
+
+    def print(self, console, figs, shards) -> None:
+        status, by_pos, no_signal, fe = self.status, self.by_pos, self.no_signal, self.fe
+        figs["mc_status"] = dict(status)
+        left_out = f"; {no_signal} no_signal row(s) left out" if no_signal else ""
+        t = Table(title=f"MC value by step position (estimated prefixes of rows with a signal; last step = outcome "
+                        f"excluded{left_out})")
+        figs["value_by_position_rows_left_out"] = no_signal
+        for c in ("step", "n", "mean value", "share == 0", "share == 1"):
+            t.add_column(c, justify="right")
+        figs["value_by_position"] = {}
+        for s in sorted(by_pos):
+            vs = by_pos[s]
+            figs["value_by_position"][s] = sum(vs) / len(vs)
+            t.add_row(str(s), str(len(vs)), f"{sum(vs) / len(vs):.3f}", f"{sum(v == 0 for v in vs) / len(vs):.2f}",
+                      f"{sum(v == 1 for v in vs) / len(vs):.2f}")
+        console.print(t)
+        figs["first_error_histogram"] = {str(k): v for k, v in fe.items()}
+        h = Table(title="first error (mc_first_error)")
+        h.add_column("step")
+        h.add_column("rows", justify="right")
+        for k in sorted(fe, key=lambda x: (x is None, x if x is not None else 0)):
+            h.add_row("none (-1)" if k == -1 else "no signal" if k is None else str(k), str(fe[k]))
+        console.print(h)
+        s = Table(title="MC labelling", show_header=False)
+        s.add_row("status", ", ".join(f"{k}: {v}" for k, v in status.items()))
+        counts = [m.get("counts", {}) for m in map(read_manifest, shards) if m and m.get("stage") == "mc-label"]
+        tally = self.tally
+        if counts:  # the manifests count v_0's continuations too
+            tally = {k: sum(c.get(k, 0) for c in counts) for k in ("continuations", "truncated", "empty",
+                                                                    *ContinuationTally.NAMES)}
+        add_continuation_rows(s, figs, tally, "continuations (incl. v0)" if counts else
+                              "continuations from step prefixes")
+        console.print(s)
+
+
 def _mc_tables(rows, console, figs, shards):
-    """mc-label's part of ``stats``: value by step position, first-error histogram, status and continuations."""
-    status = Counter(r.get("mc_status") for r in rows)
-    figs["mc_status"] = dict(status)
-    by_pos: dict[int, list[float]] = {}
-    no_signal = sum(r.get("mc_status") == "no_signal" for r in rows)
-    for r in rows:
-        if r.get("mc_status") == "no_signal":  # nothing succeeded: its zeros say nothing about the steps
-            continue
-        for s, v in enumerate(r.get("mc_value") or []):
-            # the last value is the graded outcome (unless filter cut the steps before the answer)
-            if v is not None and (s < len(r["steps"]) - 1 or r.get("filter_cut_by")):
-                by_pos.setdefault(s, []).append(v)
-    left_out = f"; {no_signal} no_signal row(s) left out" if no_signal else ""
-    t = Table(title=f"MC value by step position (estimated prefixes of rows with a signal; last step = outcome "
-                    f"excluded{left_out})")
-    figs["value_by_position_rows_left_out"] = no_signal
-    for c in ("step", "n", "mean value", "share == 0", "share == 1"):
-        t.add_column(c, justify="right")
-    figs["value_by_position"] = {}
-    for s in sorted(by_pos):
-        vs = by_pos[s]
-        figs["value_by_position"][s] = sum(vs) / len(vs)
-        t.add_row(str(s), str(len(vs)), f"{sum(vs) / len(vs):.3f}", f"{sum(v == 0 for v in vs) / len(vs):.2f}",
-                  f"{sum(v == 1 for v in vs) / len(vs):.2f}")
-    console.print(t)
-    # ungraded rows were never labelled: they are in the status counts, not in the histogram
-    fe = Counter(r.get("mc_first_error") for r in rows if r.get("mc_status") in ("ok", "no_signal"))
-    figs["first_error_histogram"] = {str(k): v for k, v in fe.items()}
-    h = Table(title="first error (mc_first_error)")
-    h.add_column("step")
-    h.add_column("rows", justify="right")
-    for k in sorted(fe, key=lambda x: (x is None, x if x is not None else 0)):
-        h.add_row("none (-1)" if k == -1 else "no signal" if k is None else str(k), str(fe[k]))
-    console.print(h)
-    s = Table(title="MC labelling", show_header=False)
-    s.add_row("status", ", ".join(f"{k}: {v}" for k, v in status.items()))
-    counts = [m.get("counts", {}) for m in map(read_manifest, shards) if m and m.get("stage") == "mc-label"]
-    tally = continuation_tally(rows, "mc_")
-    if counts:  # the manifests count v_0's continuations too
-        tally = {k: sum(c.get(k, 0) for c in counts) for k in ("continuations", "truncated", "empty",
-                                                                *ContinuationTally.NAMES)}
-    add_continuation_rows(s, figs, tally, "continuations (incl. v0)" if counts else
-                          "continuations from step prefixes")
-    console.print(s)
+    """mc-label's part of ``stats`` for rows held at once (:class:`_MCStats` over one batch)."""
+    acc = _MCStats()
+    acc.add(rows)
+    acc.print(console, figs, shards)
 
 
 def continuation_tally(rows, prefix: str) -> dict[str, int]:
@@ -155,5 +181,5 @@ def _step_cells(row, s):
     return cells, "bold red" if row.get("mc_first_error") == s else _value_style(v)
 
 
-VIEW = StageView(marker="mc_value", stats=_mc_tables, status_column="mc_status", header=_header,
+VIEW = StageView(marker="mc_value", stats=_mc_tables, stream=_MCStats, status_column="mc_status", header=_header,
                  step_columns=_step_columns, step_cells=_step_cells)

@@ -58,7 +58,9 @@ Columns (:data:`COLUMNS`): ``filter_reason`` (null: kept; else ``unlabelled``,
 ``consensus``, ``prof``, ``min-value``, ``max-value``, ``status``, ``dedupe``, ``steps``, ``error``,
 ``no-correct-steps``), ``filter_rule`` (the rule as written), ``filter_steps_before``,
 ``filter_kept_steps`` and ``filter_cut_by``. A row that arrives flagged (from an earlier ``--flag-only``
-run) counts as dropped with its reason. Filter holds one shard in memory, so a shard is one chunk.
+run) counts as dropped with its reason. Every rule but two decides each row on its own, so the
+shard is read and written in chunks of :data:`STREAM_ROWS` rows (memory bounded by a chunk, whatever the
+shard's size); with ``dedupe`` or ``prof`` a shard is one chunk.
 
 **Across the shards of a folder**: ``dedupe`` and ``prof`` act on the whole input, not shard by shard (breaking
 run E6: a row duplicated in two shards survived; a problem whose rows span shards lost ``--remove N`` rows in
@@ -84,6 +86,7 @@ from stepkit.stage import SideOutput, Stage
 from stepkit.stages.filter_rules import KEEP, RULE_SYNTAX, Dedupe, FirstErrorRule, Prof, Status, parse_rule
 
 GLOBAL_RULES = (Dedupe, Prof)  # their decision for a row depends on other rows: made over the whole input
+STREAM_ROWS = 4096  # rows per chunk when no rule needs the whole shard (int; the tests make it smaller)
 
 COLUMNS = (  # why a row is (or would be) dropped, and what cutting did to its steps
     Column("filter_reason", pa.string(), "why the row is dropped (null: kept)"),
@@ -124,17 +127,20 @@ class FilterConfig(Config):
 
 
 class FilterStage(Stage):
-    """Apply ``cfg.rule`` to each shard (one chunk per shard); dropped rows are a side output."""
+    """Apply ``cfg.rule`` to each shard, in chunks of :data:`STREAM_ROWS` rows (one chunk per shard when
+    ``dedupe`` or ``prof`` is among the rules); dropped rows are a side output."""
 
     name = "filter"
     one_to_one = False
-    default_chunk_size = 1 << 40  # the whole shard: dedupe and prof need every row
+    default_chunk_size = 1 << 40  # the whole shard: dedupe and prof need every row (else STREAM_ROWS, below)
     columns = COLUMNS
     keep_on_error = frozenset(c.name for c in COLUMNS)  # bookkeeping, not labels: kept on every row
 
     def __init__(self, cfg: FilterConfig):
         self.cfg = cfg
         self.rules = [parse_rule(r) for r in cfg.rule]
+        if not any(isinstance(r, (Dedupe, Prof)) for r in self.rules):  # each row decided on its own
+            self.default_chunk_size = STREAM_ROWS
         self.required_columns = ("prompt", "steps")  # each rule checks its own columns (naming the rule)
         self.status_cols = {r.columns[0] for r in self.rules if isinstance(r, Status)}  # observed while planning
         # first-error columns are range-checked while planning (an index past the steps is no "no error")
