@@ -29,6 +29,7 @@ from stepkit.runner.parts import (
     _writing,
 )
 from stepkit.runner.plan import ShardPlan, ShardResult, _check_existing, _load_side_input
+from stepkit.runner.window import run_chunks
 from stepkit.schema import (
     error_reason,
     with_error_column,
@@ -182,14 +183,18 @@ def _run_shard(stage: Stage, plan: ShardPlan, opts: RunOptions, console, report,
         done_rows = sum(bounds[i][1] - bounds[i][0] for i in committed)
         bar.advance(done_rows, 0)
         report(done_rows, 0)
-        for i, rows in _uncommitted_chunks(shard, bounds, parts, side_schemas, committed, resumed):
+        progress = {"rows": done_rows}
+
+        def start(i: int, rows: list[dict]) -> list:
             _log(parts, event="chunk_start", chunk=i)
             for name, (side, table) in side_tables.items():
                 col = side.on or side.key
                 for r in rows:
                     r[f"_{name}"] = table.get(r.get(col))
-            before = [r.get("error") for r in rows]
-            out_rows, counters, *side = stage.process(rows)
+            return [r.get("error") for r in rows]  # the input rows' errors, before the stage ran
+
+        def finish(i: int, rows: list[dict], before: list, result: tuple) -> None:
+            out_rows, counters, *side = result
             side_rows = side[0] if side else {}
             if stage.one_to_one and len(out_rows) != len(rows):
                 raise StepkitError(f"{stage.name}: internal error, chunk {i} returned {len(out_rows)} rows for {len(rows)}")
@@ -210,8 +215,12 @@ def _run_shard(stage: Stage, plan: ShardPlan, opts: RunOptions, console, report,
                                                    "error_reasons": own_reasons})
             _log(parts, event="chunk_commit", chunk=i, rows=len(out_rows))
             bar.advance(len(rows), stage.tokens_generated() - tokens0)
-            done_rows += len(rows)
-            report(done_rows, stage.tokens_generated() - tokens0)
+            progress["rows"] += len(rows)
+            report(progress["rows"], stage.tokens_generated() - tokens0)
+
+        # A stage on the asynchronous path keeps up to chunks_in_flight chunks running, committed in order.
+        run_chunks(stage, _uncommitted_chunks(shard, bounds, parts, side_schemas, committed, resumed, barriers=True),
+                   opts.chunks_in_flight, start, finish)
     result.seconds, result.resumed_chunks = time.time() - t0, len(resumed)
     result.tokens = stage.tokens_generated() - tokens0
 

@@ -234,15 +234,38 @@ class MCLabelStage(LabelerStage):
     # -- the method ---------------------------------------------------------------------------------
     def process(self, rows: list[dict]) -> tuple[list[dict], dict[str, int]]:
         """Label one chunk. Exhaustive mode sends all of its continuation requests in one engine call;
-        binary mode runs each row's search in its own coroutine on the engine's asynchronous path. Either
-        way vLLM batches what is in flight and shared prefixes hit its cache. Returns the rows with
-        ``mc_*`` columns and the chunk's counters (continuations, truncated, empty, successes,
-        prefixes_estimated, no_signal, ungraded, and :class:`~stepkit.per_row.ContinuationTally`'s).
+        binary mode is :meth:`aprocess` (each row's search in its own coroutine on the engine's
+        asynchronous path). Either way vLLM batches what is in flight and shared prefixes hit its cache.
+        Returns the rows with ``mc_*`` columns and the chunk's counters (continuations, truncated, empty,
+        successes, prefixes_estimated, no_signal, ungraded, and
+        :class:`~stepkit.per_row.ContinuationTally`'s).
 
         Raises:
             StepkitError: more than half of the continuations sampled so far were empty
                 (:func:`~stepkit.per_row.empty_refusal`); the chunk is not committed.
         """
+        if self.asynchronous:
+            return asyncio.run(self.aprocess(rows))
+        out, todo, est, counters = self._prepare(rows)
+        self._estimate([(r, i) for r in todo for i in range(len(r["steps"]))], est, counters)
+        return self._labelled(out, todo, est, counters)
+
+    async def aprocess(self, rows: list[dict]) -> tuple[list[dict], dict[str, int]]:
+        """Binary mode's :meth:`process`: one coroutine per row (its search and v_0 beside it), so no row's
+        next probe waits for another row's slowest continuation, and the runner overlaps chunks."""
+        out, todo, est, counters = self._prepare(rows)
+        await self._search_all(todo, est, counters)
+        return self._labelled(out, todo, est, counters)
+
+    @property
+    def asynchronous(self) -> bool:
+        """Binary mode runs on the engine's asynchronous path (exhaustive mode: one engine call per chunk)."""
+        return self.mode == "binary"
+
+    def _prepare(self, rows: list[dict]):
+        """``(out, todo, est, counters)``: every row with empty ``mc_*`` columns (rows that cannot be
+        labelled keep an error or the ``ungraded`` status), the rows to label, their empty estimates, the
+        chunk's counters."""
         counters = {"continuations": 0, "truncated": 0, "empty": 0, "successes": 0, "prefixes_estimated": 0,
                     "no_signal": 0, "ungraded": 0, **dict.fromkeys(ContinuationTally.NAMES, 0)}
         todo = []
@@ -267,10 +290,10 @@ class MCLabelStage(LabelerStage):
                 r["error"] = RowError(self.name, f"unusable reference_answer: {bad[r['reference_answer']]}")
         todo = [r for r in todo if not r.get("error")]
         est: dict[int, dict[int, PrefixEstimate]] = {id(r): {} for r in todo}
-        if self.mode == "exhaustive":
-            self._estimate([(r, i) for r in todo for i in range(len(r["steps"]))], est, counters)
-        else:  # one coroutine per row: no row's next probe waits for another row's slowest continuation
-            asyncio.run(self._search_all(todo, est, counters))
+        return out, todo, est, counters
+
+    def _labelled(self, out, todo, est, counters):
+        """The chunk's result once its continuations are in: the empty refusal, then each row's labels."""
         if refused := empty_refusal(self.name, self._sampled["empty"], self._sampled["total"]):
             raise refused
         for r in todo:

@@ -16,6 +16,7 @@ default it asks for one step per line and a final "The answer is N." line.
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -232,11 +233,16 @@ class RolloutStage(EngineStage):
                 raise InputError(path, "this problem is also a few-shot exemplar (--fewshot-file must hold other "
                                        "problems)", row=first_row + i, column="prompt")
 
-    def process(self, rows):
-        """Sample ``samples`` solutions for each problem row (one engine call per chunk) and return one
-        trajectory row per sample, plus counters (samples, truncated, no_final_answer, correct)."""
+    asynchronous = True  # one request per problem on the engine's asynchronous path: the runner overlaps chunks
+
+    async def aprocess(self, rows):
+        """Sample ``samples`` solutions for each problem row (one request of ``samples`` per problem, all
+        submitted at once on the engine's asynchronous path, so the next chunk's problems join the engine's
+        batch while this chunk's longest solutions finish) and return one trajectory row per sample, plus
+        counters (samples, truncated, no_final_answer, correct, ungradable)."""
         prompts = [self.engine.render_chat(self.prompt.messages(r["prompt"])) for r in rows]
-        results = self.engine.generate([Request(p, self.samples) for p in prompts], self.sampling)
+        results = await asyncio.gather(*(self.engine.agenerate(Request(p, self.samples), self.sampling)
+                                         for p in prompts))
         count = getattr(self.engine, "count_tokens", None)
         bad = self.checker.gold_problems([r["reference_answer"] for r in rows if r.get("reference_answer")])
         out, pairs, graded = [], [], []

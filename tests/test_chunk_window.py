@@ -1,0 +1,87 @@
+"""Chunks in flight (issue 26, items 1 and 2): every stage on the asynchronous path gives the rows, side
+tables and counts main gave before chunks overlapped (``tests/data/chunk_window_main.json``, written by
+``python -m tests.window_cases`` at 5b80432), with one chunk in flight or several, on the scripted engine
+and on its order-free form (answers out of order); the window is bounded and commits stay in order."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from stepkit.engines.scripted import ScriptedEngine
+from tests.window_cases import CASES, OrderFree, build, inputs, run_case
+
+MAIN = json.loads((Path(__file__).parent / "data" / "chunk_window_main.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("window")
+    return tmp, inputs(tmp)
+
+
+@pytest.mark.parametrize("engine_cls,window", [(ScriptedEngine, 1), (ScriptedEngine, 3), (OrderFree, 4)],
+                         ids=["scripted-window1", "scripted-window3", "order-free-window4"])
+@pytest.mark.parametrize("case", CASES)
+def test_rows_are_mains_whatever_the_window_and_the_order_of_answers(case, engine_cls, window, shards, checker):
+    tmp, paths = shards
+    got = run_case(case, tmp, paths, engine_cls, checker, chunks_in_flight=window)
+    want = MAIN[case]
+    assert got["chunks"] == want["chunks"] > 1
+    assert got["rows"] == want["rows"]
+    assert got["sides"] == want["sides"]
+    assert got["counts"] == want["counts"]
+
+
+@pytest.fixture
+def chunk_log(monkeypatch):
+    """The runner's log events (``chunk_start``, ``chunk_commit``, ...) of the runs in this test, in order."""
+    import stepkit.runner.shard as shard_mod
+
+    events: list[dict] = []
+    real = shard_mod._log
+
+    def spy(parts, **event):
+        events.append(event)
+        real(parts, **event)
+
+    monkeypatch.setattr(shard_mod, "_log", spy)
+    return events
+
+
+@pytest.mark.parametrize("case", ["mc-label-binary", "mcts-label", "judge", "rollout"])
+def test_the_window_holds_several_chunks_never_more_and_commits_in_order(case, shards, checker, tmp_path, chunk_log):
+    """The next chunk's requests start before the previous chunk commits, at most ``chunks_in_flight``
+    chunks are started and not committed, and chunks commit in index order."""
+    from stepkit.runner import run_stage
+
+    tmp, paths = shards
+    stage, src, chunk = build(case, tmp, tmp_path, paths, OrderFree, checker)
+    assert stage.asynchronous
+    (res,) = run_stage(stage, src, tmp_path / "o.parquet", chunk_size=chunk, progress=False, max_error_rate=1.0,
+                       chunks_in_flight=3)
+    commits = [e["chunk"] for e in chunk_log if e["event"] == "chunk_commit"]
+    assert commits == list(range(res.chunks)) and res.chunks >= 4
+    open_, most = set(), 0
+    for e in chunk_log:
+        if e["event"] == "chunk_start":
+            open_.add(e["chunk"])
+            most = max(most, len(open_))
+        elif e["event"] == "chunk_commit":
+            open_.discard(e["chunk"])
+    assert most == 3  # overlapping, and bounded by the window
+
+
+def test_a_stage_off_the_asynchronous_path_runs_one_chunk_at_a_time(shards, checker, tmp_path, chunk_log):
+    """Exhaustive mc-label sends each chunk in one engine call (``generate``, never mixed with ``submit``):
+    it is not asynchronous, so its chunks never overlap whatever the window."""
+    from stepkit.runner import run_stage
+
+    tmp, paths = shards
+    stage, src, chunk = build("mc-label-exhaustive", tmp, tmp_path, paths, ScriptedEngine, checker)
+    assert not stage.asynchronous
+    (res,) = run_stage(stage, src, tmp_path / "o.parquet", chunk_size=chunk, progress=False, chunks_in_flight=4)
+    kinds = [(e["event"], e["chunk"]) for e in chunk_log if e["event"] in ("chunk_start", "chunk_commit")]
+    assert kinds == [(k, i) for i in range(res.chunks) for k in ("chunk_start", "chunk_commit")]
