@@ -219,7 +219,7 @@ def _run_shard(stage: Stage, plan: ShardPlan, opts: RunOptions, console, report,
             report(progress["rows"], stage.tokens_generated() - tokens0)
 
         # A stage on the asynchronous path keeps up to chunks_in_flight chunks running, committed in order.
-        run_chunks(stage, _uncommitted_chunks(shard, bounds, parts, side_schemas, committed, resumed, barriers=True),
+        run_chunks(stage, _uncommitted_chunks(shard, bounds, parts, side_schemas, committed, resumed),
                    opts.chunks_in_flight, start, finish)
     result.seconds, result.resumed_chunks = time.time() - t0, len(resumed)
     result.tokens = stage.tokens_generated() - tokens0
