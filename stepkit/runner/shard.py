@@ -101,7 +101,7 @@ def run_shard(stage: Stage, plan: ShardPlan, opts: RunOptions, console=None,
             parts keep disappearing, or a part or OUT cannot be written (a full disk; one line naming the file).
         Interrupted: Ctrl-C or SIGTERM; the stage is closed (its engine's processes shut down) when it was
             opened here, the lock is released and committed chunks are kept (a rerun redoes at most the
-            chunk that was in flight).
+            chunks that were in flight: one, or ``opts.chunks_in_flight`` for an asynchronous stage).
     """
     with contextlib.ExitStack() as locks:  # OUT and every side output: two runs never share a file
         for path in sorted({plan.output, *plan.side_outputs.values()}):
@@ -145,7 +145,7 @@ def _explained_run_shard(stage: Stage, plan: ShardPlan, opts: RunOptions, consol
         if not any(parts.glob("part-*.parquet")):  # nothing committed: leave no parts folder behind
             shutil.rmtree(parts, ignore_errors=True)
         raise
-    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM through the CLI: the chunk in flight is lost
+    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM through the CLI: the chunks in flight are lost
         signum = getattr(e, "signum", signal.SIGINT)
         kept = len(list(parts.glob("part-*.parquet")))
         with contextlib.suppress(StepkitError):
