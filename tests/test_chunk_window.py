@@ -85,3 +85,26 @@ def test_a_stage_off_the_asynchronous_path_runs_one_chunk_at_a_time(shards, chec
     (res,) = run_stage(stage, src, tmp_path / "o.parquet", chunk_size=chunk, progress=False, chunks_in_flight=4)
     kinds = [(e["event"], e["chunk"]) for e in chunk_log if e["event"] in ("chunk_start", "chunk_commit")]
     assert kinds == [(k, i) for i in range(res.chunks) for k in ("chunk_start", "chunk_commit")]
+
+
+def test_sample_parsed_keeps_every_completion_of_its_round_when_asked():
+    """rollout and mc-label sample through :func:`stepkit.per_row.sample_parsed` with ``stop_on_error`` off:
+    one request of ``want`` samples, every completion kept in order (an error one too, as the row's
+    error), no retry round after an error; the default stops at the error."""
+    import asyncio
+
+    from stepkit.engines.base import Completion, SamplingConfig
+    from stepkit.per_row import sample_parsed
+
+    def policy(prompt, j, n):
+        return Completion("boom", "error") if j == 1 else f"sample {j}"
+
+    engine = ScriptedEngine(policy, "scripted:partial")
+    sampling = SamplingConfig(temperature=0.8, max_tokens=8)
+    kept = asyncio.run(sample_parsed(engine, "p", sampling, lambda c: c.text, "rollout", want=3, retries=2,
+                                     stop_on_error=False))
+    assert [c.finish_reason for c in kept.completions] == ["stop", "error", "stop"] and kept.received == 3
+    assert kept.parsed == ["sample 0", "sample 2"] and str(kept.error) == "rollout: engine: boom"
+    assert [r.n for r in engine.calls] == [3]  # no retry round after the error
+    stopped = asyncio.run(sample_parsed(engine, "p", sampling, lambda c: c.text, "rollout", want=3))
+    assert len(stopped.completions) == 2 and stopped.parsed == ["sample 0"] and stopped.error is not None

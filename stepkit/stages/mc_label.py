@@ -65,7 +65,7 @@ from stepkit.errors import RowError
 from stepkit.grading.answers import extract_final_answer
 from stepkit.grading.verdicts import labels_from_first_error
 from stepkit.options import Config, opt
-from stepkit.per_row import ContinuationTally, distinct_warning, empty_refusal, engine_error
+from stepkit.per_row import ContinuationTally, distinct_warning, empty_refusal, engine_error, sample_parsed
 from stepkit.prompts import CONTINUATION, PromptTemplate, render_continuation
 from stepkit.schema import LABELER_REQUIRED
 from stepkit.stage import LabelerStage
@@ -308,8 +308,10 @@ class MCLabelStage(LabelerStage):
         asynchronous path, so the engine batches all rows' probes as they come."""
 
         async def estimate(r: dict, i: int) -> None:
-            comps = await self.engine.agenerate(self._request(r, i), self.sampling)
-            self._record([(r, i)], [comps], est, counters)
+            req = self._request(r, i)  # K continuations in one request; an error completion is the row's error
+            got = await sample_parsed(self.engine, req.prompt, self.sampling, _keep, self.name, want=req.n,
+                                      stop_on_error=False)
+            self._record([(r, i)], [got.completions], est, counters)
 
         async def search(r: dict) -> None:
             s = FirstErrorSearch(len(r["steps"]), r["outcome_correct"])
@@ -365,6 +367,11 @@ class MCLabelStage(LabelerStage):
             if ok:
                 e.successes += 1
                 counters["successes"] += 1
+
+
+def _keep(completion):
+    """A continuation is graded, not parsed: :func:`~stepkit.per_row.sample_parsed` keeps it as it came."""
+    return completion
 
 
 def _row_problem(row: dict) -> str | None:
