@@ -108,3 +108,29 @@ def test_sample_parsed_keeps_every_completion_of_its_round_when_asked():
     assert [r.n for r in engine.calls] == [3]  # no retry round after the error
     stopped = asyncio.run(sample_parsed(engine, "p", sampling, lambda c: c.text, "rollout", want=3))
     assert len(stopped.completions) == 2 and stopped.parsed == ["sample 0"] and stopped.error is not None
+
+
+def test_a_chunk_that_cannot_be_read_stops_the_run_after_the_chunks_in_flight_before_it_commit(
+        shards, checker, tmp_path, monkeypatch):
+    """Bad input found as chunk 3 is read (a damaged page): chunks 0-2, in flight, still commit, as they
+    would one at a time; the run stops with the InputError."""
+    import stepkit.runner.shard as shard_mod
+    from stepkit.errors import InputError
+    from stepkit.runner import run_stage
+
+    tmp, paths = shards
+    stage, src, chunk = build("judge", tmp, tmp_path, paths, OrderFree, checker)
+    real = shard_mod._uncommitted_chunks
+
+    def damaged(*args):
+        for item in real(*args):
+            if item is not None and item[0] == 3:
+                raise InputError(src, "damaged page", row=6, column="steps")
+            yield item
+
+    monkeypatch.setattr(shard_mod, "_uncommitted_chunks", damaged)
+    out = tmp_path / "o.parquet"
+    with pytest.raises(InputError, match="damaged page"):
+        run_stage(stage, src, out, chunk_size=chunk, progress=False, chunks_in_flight=4)
+    parts = sorted(p.name for p in (tmp_path / "o.parquet.parts").glob("part-*.parquet"))
+    assert parts == ["part-00000.parquet", "part-00001.parquet", "part-00002.parquet"]

@@ -37,8 +37,9 @@ def run_chunks(stage: Stage, chunks: Iterable[Chunk | None], window: int,
         finish: ``finish(i, rows, token, result)`` with the stage's result, in index order (the commit).
 
     Raises:
-        whatever the stage or ``finish`` raise (a chunk that fails stops the run once the chunks before it
-        are finished; the chunks after it are cancelled, never committed).
+        whatever the stage, ``finish`` or reading ``chunks`` raise (a chunk that fails, or cannot be read,
+        stops the run once the chunks before it are finished; the chunks after it are cancelled, never
+        committed).
     """
     if not stage.asynchronous:
         for item in chunks:
@@ -60,8 +61,16 @@ async def _window(stage: Stage, chunks: Iterable[Chunk | None], window: int, sta
             pending.popleft()
             finish(i, rows, token, result)
 
+    chunks = iter(chunks)
     try:
-        for item in chunks:
+        while True:
+            try:
+                item = next(chunks)
+            except StopIteration:
+                break
+            except Exception:  # the next chunk cannot be read (bad input): the chunks before it still commit
+                await drain(0)
+                raise
             if item is None:
                 await drain(0)
                 continue
