@@ -144,7 +144,10 @@ class Stage:
 
     async def aprocess(self, rows: list[dict]) -> tuple:
         """:meth:`process` as a coroutine (what the runner awaits for an :attr:`asynchronous` stage, several
-        chunks at once); the same return value. Default: :meth:`process` (nothing awaited)."""
+        chunks at once); the same return value. Default: :meth:`process` (nothing awaited), for a stage that
+        is not asynchronous (an asynchronous one must write this)."""
+        if self.asynchronous:
+            raise NotImplementedError(f"{self.name}: an asynchronous stage writes aprocess")
         return self.process(rows)
 
     def provenance(self) -> dict[str, Any]:
