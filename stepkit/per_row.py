@@ -1,7 +1,8 @@
 """The per-row patterns every LLM stage shares, written once below the stages.
 
 * :func:`sample_parsed`: sample replies to one prompt until ``want`` of them parse, with up to ``retries``
-  extra rounds (none at temperature 0, where the same prompt gives the same reply), each round's seed
+  extra rounds (``retries=0`` and a parse that keeps the completion: one request of ``want`` samples, what
+  ``rollout`` and ``mc-label`` ask for) (none at temperature 0, where the same prompt gives the same reply), each round's seed
   shifted so a per-request seed (GPU, servers) does not give the same unparseable reply again. It runs on
   the engine's asynchronous path (``await engine.agenerate``): a stage gathers one coroutine per row or
   item and the engine batches whatever is in flight, so no row waits for another's retries (the
@@ -63,6 +64,7 @@ class Sampled:
         error: the engine's row error when a reply was an error completion (sampling stopped there).
         retry_replies: replies sampled in a retry round.
         received: completions the engine returned, error completions included.
+        completions: those completions, in the order received (error completions included).
     """
 
     parsed: list[Any] = field(default_factory=list)
@@ -72,18 +74,22 @@ class Sampled:
     error: RowError | None = None
     retry_replies: int = 0
     received: int = 0
+    completions: list[Completion] = field(default_factory=list)
 
 
 async def sample_parsed(engine, prompt: str, sampling: SamplingConfig, parse: Callable[[Completion], Any],
                         stage: str, want: int = 1, retries: int = 0,
-                        parse_errors: tuple[type[Exception], ...] = (ValueError,)) -> Sampled:
+                        parse_errors: tuple[type[Exception], ...] = (ValueError,),
+                        stop_on_error: bool = True) -> Sampled:
     """Sample replies to ``prompt`` until ``want`` parse, in at most ``1 + retries`` rounds.
 
     Round ``k`` asks for the ``want - len(parsed)`` replies still missing in one request (``n`` of them, so a
     prefix cache shares the prompt) with seed ``sampling.seed + k * RETRY_SEED_STRIDE``. ``parse(completion)``
     returns the parsed value or raises one of ``parse_errors`` (a parse failure: counted, its message kept,
     never a value). At temperature 0 there is one round whatever ``retries`` says. An error completion
-    stops the sampling and is returned as :attr:`Sampled.error` (:func:`engine_error`).
+    stops the sampling and is returned as :attr:`Sampled.error` (:func:`engine_error`); with
+    ``stop_on_error`` off the round's other completions are still read (a stage that keeps every sample:
+    rollout's rows, mc-label's counts), :attr:`Sampled.error` is the first error, and no retry round follows.
 
     Args:
         engine: an :class:`~stepkit.engines.base.Engine` (its ``agenerate``).
@@ -94,6 +100,7 @@ async def sample_parsed(engine, prompt: str, sampling: SamplingConfig, parse: Ca
         want: replies that must parse (``votes`` for a judge, 1 for a clue list or a verdict).
         retries: extra rounds for replies that failed to parse.
         parse_errors: the exceptions that mean "did not parse".
+        stop_on_error: stop at the first error completion (else read the rest of its round).
 
     Returns:
         A :class:`Sampled`.
@@ -102,15 +109,18 @@ async def sample_parsed(engine, prompt: str, sampling: SamplingConfig, parse: Ca
     rounds = 1 + (retries if sampling.temperature > 0 else 0)
     for attempt in range(rounds):
         missing = want - len(out.parsed)
-        if missing <= 0:
+        if missing <= 0 or out.error is not None:
             break
         shifted = sampling if attempt == 0 else dataclasses.replace(
             sampling, seed=sampling.seed + attempt * RETRY_SEED_STRIDE)
         for c in await engine.agenerate(Request(prompt, missing), shifted):
             out.received += 1
+            out.completions.append(c)
             if c.finish_reason == "error":
-                out.error = engine_error(stage, c)
-                return out
+                out.error = out.error or engine_error(stage, c)
+                if stop_on_error:
+                    return out
+                continue
             out.replies.append(c.text)
             out.retry_replies += attempt > 0
             try:

@@ -13,6 +13,7 @@ datatrove's ``PipelineStep``: a small contract that any executor (local, Ray) ca
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -125,14 +126,33 @@ class Stage:
         """Called before the chunks of the input shard ``shard`` go to :meth:`process` (``filter``'s rules
         that act across the whole input look up this shard's rows in what :meth:`planned` decided)."""
 
+    asynchronous = False
+    """True for a stage on the engine's asynchronous path: its :meth:`aprocess` submits its requests with
+    ``await engine.agenerate`` (one coroutine per row or problem), so the runner keeps up to
+    ``--chunks-in-flight`` chunks running at once on one event loop, the next chunk's requests starting
+    while the previous chunk's last ones finish; chunks still commit in order. Such a stage must keep no
+    per-chunk state on ``self`` (several chunks run at once) and its rows must not depend on the order in
+    which answers come."""
+
     def process(self, rows: list[dict]) -> tuple:
         """Return ``(rows, counters)`` or ``(rows, counters, side_rows)``.
 
         ``rows``: the output rows (for a one-to-one stage, same order and count); a row this stage
         cannot label keeps ``error = RowError(self.name, "why")``. ``counters``: this chunk's ``{name: int}``.
         ``side_rows``: ``{side output name: [row, ...]}`` for the tables of :meth:`side_outputs`.
+        An :attr:`asynchronous` stage's default runs :meth:`aprocess` on an event loop of its own.
         """
+        if self.asynchronous:
+            return asyncio.run(self.aprocess(rows))
         raise NotImplementedError
+
+    async def aprocess(self, rows: list[dict]) -> tuple:
+        """:meth:`process` as a coroutine (what the runner awaits for an :attr:`asynchronous` stage, several
+        chunks at once); the same return value. Default: :meth:`process` (nothing awaited), for a stage that
+        is not asynchronous (an asynchronous one must write this)."""
+        if self.asynchronous:
+            raise NotImplementedError(f"{self.name}: an asynchronous stage writes aprocess")
+        return self.process(rows)
 
     def provenance(self) -> dict[str, Any]:
         """Extra manifest fields known after loading (engine and library versions)."""

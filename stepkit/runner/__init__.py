@@ -13,7 +13,8 @@ Contract (``docs/architecture.md``, "The runner contract"):
   its side-output rows in ``<name>-00007.parquet``, written first: the main part's ``.parquet`` existing
   is what marks the chunk committed. The counters file records the sha256 of the rows part and of each
   side table. A killed run, started again with the same command, skips committed chunks whose files match
-  their checksums and redoes at most the chunk that was in flight; a damaged chunk (truncated, bit-flipped,
+  their checksums and redoes at most the chunks that were in flight (one, or ``chunks_in_flight`` for a stage
+  on the asynchronous path, :mod:`stepkit.runner.window`; chunks commit in order); a damaged chunk (truncated, bit-flipped,
   replaced, a file missing) is redone with one warning line, never reused. Parts deleted during a run are
   redone in that run. A failed write (a full disk) is one :class:`StepkitError` line naming the file; Ctrl-C
   and SIGTERM (:class:`~stepkit.errors.Interrupted`) release the lock and keep the committed chunks.

@@ -14,7 +14,8 @@ from stepkit.options import Config, flag_of, opt
 @dataclass(frozen=True)
 class RunOptions(Config):
     """How the runner runs a stage (none of these change the rows, except ``chunk_size``, which is part
-    of the identity because it fixes which rows share an engine call)."""
+    of the identity because it fixes which rows share an engine call; ``chunks_in_flight`` does not: a
+    stage on the asynchronous path gives the same rows whatever order its answers come in)."""
 
     chunk_size: int | None = opt(None, "Rows per committed chunk (resume granularity).", min=1)
     force: bool = opt(False, "Redo the output even if it exists from another configuration.")
@@ -25,6 +26,9 @@ class RunOptions(Config):
                                        "auto, from the environment).", min=1)
     max_error_rate: float = opt(0.05, "Fail a shard when more than this share of rows has an error.", min=0, max=1)
     progress: bool = opt(True, "Show a progress bar.", flag="--progress/--no-progress")
+    chunks_in_flight: int = opt(4, "Chunks a stage on the engine's asynchronous path runs at once (the next "
+                                   "chunk's requests start while the last ones of the previous finish; commits "
+                                   "stay in order, a killed run redoes at most these chunks).", min=1, max=1024)
 
     def __post_init__(self):
         super().__post_init__()

@@ -156,7 +156,9 @@ def _uncommitted_chunks(shard: Path, bounds: list[tuple[int, int]], parts: Path,
                         resumed: set[int], warn=None):
     """``(i, rows)`` of each chunk not in ``committed``; then again for any chunk whose committed parts
     disappeared or were damaged during the pass (``OUT.parts`` or OUT's folder deleted mid-run), which are
-    so redone. Chunks redone leave ``resumed``. A third pass is refused: something keeps deleting the parts."""
+    so redone. Chunks redone leave ``resumed``. A third pass is refused: something keeps deleting the parts.
+    A None ends each pass (a barrier): the caller finishes (commits) every chunk it holds before asking for
+    more, since the next pass is planned from the parts committed by then."""
     todo = set(range(len(bounds))) - committed
     for attempt in range(3):
         if not todo:
@@ -170,6 +172,7 @@ def _uncommitted_chunks(shard: Path, bounds: list[tuple[int, int]], parts: Path,
         for i, rows in enumerate(iter_row_ranges(shard, bounds)):
             if i in todo:
                 yield i, rows
+        yield None
         todo = set(range(len(bounds))) - _intact_chunks(parts, len(bounds), side_names, warn or _warn)
 
 

@@ -29,6 +29,7 @@ from stepkit.runner.parts import (
     _writing,
 )
 from stepkit.runner.plan import ShardPlan, ShardResult, _check_existing, _load_side_input
+from stepkit.runner.window import run_chunks
 from stepkit.schema import (
     error_reason,
     with_error_column,
@@ -100,7 +101,7 @@ def run_shard(stage: Stage, plan: ShardPlan, opts: RunOptions, console=None,
             parts keep disappearing, or a part or OUT cannot be written (a full disk; one line naming the file).
         Interrupted: Ctrl-C or SIGTERM; the stage is closed (its engine's processes shut down) when it was
             opened here, the lock is released and committed chunks are kept (a rerun redoes at most the
-            chunk that was in flight).
+            chunks that were in flight: one, or ``opts.chunks_in_flight`` for an asynchronous stage).
     """
     with contextlib.ExitStack() as locks:  # OUT and every side output: two runs never share a file
         for path in sorted({plan.output, *plan.side_outputs.values()}):
@@ -144,7 +145,7 @@ def _explained_run_shard(stage: Stage, plan: ShardPlan, opts: RunOptions, consol
         if not any(parts.glob("part-*.parquet")):  # nothing committed: leave no parts folder behind
             shutil.rmtree(parts, ignore_errors=True)
         raise
-    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM through the CLI: the chunk in flight is lost
+    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM through the CLI: the chunks in flight are lost
         signum = getattr(e, "signum", signal.SIGINT)
         kept = len(list(parts.glob("part-*.parquet")))
         with contextlib.suppress(StepkitError):
@@ -183,14 +184,18 @@ def _run_shard(stage: Stage, plan: ShardPlan, opts: RunOptions, console, report,
         bar.advance(done_rows, 0)
         report(done_rows, 0)
         stage.start_shard(shard)
-        for i, rows in _uncommitted_chunks(shard, bounds, parts, side_schemas, committed, resumed):
+        progress = {"rows": done_rows}
+
+        def start(i: int, rows: list[dict]) -> list:
             _log(parts, event="chunk_start", chunk=i)
             for name, (side, table) in side_tables.items():
                 col = side.on or side.key
                 for r in rows:
                     r[f"_{name}"] = table.get(r.get(col))
-            before = [r.get("error") for r in rows]
-            out_rows, counters, *side = stage.process(rows)
+            return [r.get("error") for r in rows]  # the input rows' errors, before the stage ran
+
+        def finish(i: int, rows: list[dict], before: list, result: tuple) -> None:
+            out_rows, counters, *side = result
             side_rows = side[0] if side else {}
             if stage.one_to_one and len(out_rows) != len(rows):
                 raise StepkitError(f"{stage.name}: internal error, chunk {i} returned {len(out_rows)} rows for {len(rows)}")
@@ -211,8 +216,12 @@ def _run_shard(stage: Stage, plan: ShardPlan, opts: RunOptions, console, report,
                                                    "error_reasons": own_reasons})
             _log(parts, event="chunk_commit", chunk=i, rows=len(out_rows))
             bar.advance(len(rows), stage.tokens_generated() - tokens0)
-            done_rows += len(rows)
-            report(done_rows, stage.tokens_generated() - tokens0)
+            progress["rows"] += len(rows)
+            report(progress["rows"], stage.tokens_generated() - tokens0)
+
+        # A stage on the asynchronous path keeps up to chunks_in_flight chunks running, committed in order.
+        run_chunks(stage, _uncommitted_chunks(shard, bounds, parts, side_schemas, committed, resumed),
+                   opts.chunks_in_flight, start, finish)
     result.seconds, result.resumed_chunks = time.time() - t0, len(resumed)
     result.tokens = stage.tokens_generated() - tokens0
 

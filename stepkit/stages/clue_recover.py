@@ -273,7 +273,17 @@ class ClueRecoverStage(EngineStage):
         for pid, (p, key, idx) in self._errored.items():
             self._chosen.setdefault((str(p), pid), key if key is not None else idx)
 
+    @property
+    def asynchronous(self) -> bool:
+        """With a model, one coroutine per problem on the engine's asynchronous path (the runner overlaps
+        chunks); the model-free modes await nothing."""
+        return not (self.cfg.from_reference or self.cfg.from_actions)
+
     def process(self, rows):
+        """:meth:`aprocess` on an event loop of its own."""
+        return asyncio.run(self.aprocess(rows))
+
+    async def aprocess(self, rows):
         """One chunk -> the clue rows of the problems whose chosen row is in it, and counters
         (problems, replies, parse_failures, parse_failure_rows, clues, no_reference, no_answer)."""
         counters = {"problems": 0, "replies": 0, "parse_failures": 0, "parse_failure_rows": 0, "clues": 0,
@@ -310,7 +320,7 @@ class ClueRecoverStage(EngineStage):
                 r.update(clue_columns(clues), clue_status="ok", clue_parse_failures=0, clue_replies=[])
                 counters["clues"] += len(clues)
         else:
-            asyncio.run(self._recover_all(todo, counters))
+            await self._recover_all(todo, counters)
         for r in out:
             if r["error"]:
                 r.update(_RECOVER_EMPTY)

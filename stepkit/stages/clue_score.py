@@ -253,7 +253,17 @@ class ClueScoreStage(EngineStage):
         check_values(rows, path, first_row, ("id", "prompt"), unique="id", seen=self._seen_ids)
         check_steps(rows, path, first_row)
 
+    @property
+    def asynchronous(self) -> bool:
+        """With LLM verdicts, one coroutine per (row, clue) on the engine's asynchronous path (the runner
+        overlaps chunks); ``--match numeric`` awaits nothing."""
+        return self.cfg.match != "numeric"
+
     def process(self, rows):
+        """:meth:`aprocess` on an event loop of its own."""
+        return asyncio.run(self.aprocess(rows))
+
+    async def aprocess(self, rows):
         """Score one chunk: the numeric matches of every row go to the answer checker in one call, the LLM
         verdicts run one coroutine per (row, clue). Counters: rows_scored, no_clues, clue_hits,
         false_claims, verdicts, verdict_failures, first_errors."""
@@ -281,7 +291,7 @@ class ClueScoreStage(EngineStage):
         todo = [r for r in todo if not r.get("error")]
         reads = {id(r): [read_step(s) for s in r["steps"]] for r in todo}
         found = self._numeric_matches(todo, reads)
-        verdicts = self._llm_verdicts(todo, counters)
+        verdicts = await self._llm_verdicts(todo, counters)
         for r in todo:
             if r.get("error"):
                 r.update(_SCORE_EMPTY)
@@ -348,7 +358,7 @@ class ClueScoreStage(EngineStage):
                 found[rid]["steps"][s].setdefault(text, set()).add(k)
         return found
 
-    def _llm_verdicts(self, rows, counters) -> dict[int, dict[int, int | None]]:
+    async def _llm_verdicts(self, rows, counters) -> dict[int, dict[int, int | None]]:
         """Per row, per LLM-checked clue: the first step that establishes it (-1 none, None: no verdict)."""
         if self.cfg.match == "numeric" or not rows:
             return {}
@@ -380,10 +390,7 @@ class ClueScoreStage(EngineStage):
                 result[id(r)][k] = got.parsed[0]
                 counters["verdicts"] += 1
 
-        async def run_all():
-            await asyncio.gather(*(verdict(*w) for w in wanted))
-
-        asyncio.run(run_all())
+        await asyncio.gather(*(verdict(*w) for w in wanted))
         return result
 
     def _score(self, r, reads, found, llm: dict[int, int | None]) -> dict[str, Any]:

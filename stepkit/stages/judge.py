@@ -205,20 +205,18 @@ class JudgeStage(LabelerStage):
                                     "system": self.template.system, "user": self.template.user}}
 
     # -- the method ---------------------------------------------------------------------------------
-    def process(self, rows: list[dict]) -> tuple[list[dict], dict[str, int]]:
+    asynchronous = True  # one coroutine per row: the runner overlaps chunks
+
+    async def aprocess(self, rows: list[dict]) -> tuple[list[dict], dict[str, int]]:
         """Judge one chunk: one coroutine per row on the engine's asynchronous path
         (:func:`stepkit.per_row.sample_parsed`: the row's V replies in one request, then one request per
-        retry round for the replies that failed to parse; no row waits for another's retries). Returns the
-        rows with ``judge_*`` columns and the chunk's counters (replies, parse_failures, retry_replies,
-        parse_failure_rows, ties)."""
+        retry round for the replies that failed to parse; no row waits for another's retries, no chunk for
+        another's). Returns the rows with ``judge_*`` columns and the chunk's counters (replies,
+        parse_failures, retry_replies, parse_failure_rows, ties)."""
         counters = Counters("replies", "parse_failures", "retry_replies", "parse_failure_rows", "ties")
         out = [{**row, **_EMPTY} for row in rows]
         todo = [r for r in out if not r.get("error")]
-
-        async def judge_all():
-            await asyncio.gather(*(self._judge_row(r, counters) for r in todo))
-
-        asyncio.run(judge_all())
+        await asyncio.gather(*(self._judge_row(r, counters) for r in todo))
         return out, counters
 
     async def _judge_row(self, r: dict, counters: Counters) -> None:

@@ -65,7 +65,7 @@ from stepkit.errors import RowError
 from stepkit.grading.answers import extract_final_answer
 from stepkit.grading.verdicts import labels_from_first_error
 from stepkit.options import Config, opt
-from stepkit.per_row import ContinuationTally, distinct_warning, empty_refusal, engine_error
+from stepkit.per_row import ContinuationTally, distinct_warning, empty_refusal, engine_error, sample_parsed
 from stepkit.prompts import CONTINUATION, PromptTemplate, render_continuation
 from stepkit.schema import LABELER_REQUIRED
 from stepkit.stage import LabelerStage
@@ -234,15 +234,38 @@ class MCLabelStage(LabelerStage):
     # -- the method ---------------------------------------------------------------------------------
     def process(self, rows: list[dict]) -> tuple[list[dict], dict[str, int]]:
         """Label one chunk. Exhaustive mode sends all of its continuation requests in one engine call;
-        binary mode runs each row's search in its own coroutine on the engine's asynchronous path. Either
-        way vLLM batches what is in flight and shared prefixes hit its cache. Returns the rows with
-        ``mc_*`` columns and the chunk's counters (continuations, truncated, empty, successes,
-        prefixes_estimated, no_signal, ungraded, and :class:`~stepkit.per_row.ContinuationTally`'s).
+        binary mode is :meth:`aprocess` (each row's search in its own coroutine on the engine's
+        asynchronous path). Either way vLLM batches what is in flight and shared prefixes hit its cache.
+        Returns the rows with ``mc_*`` columns and the chunk's counters (continuations, truncated, empty,
+        successes, prefixes_estimated, no_signal, ungraded, and
+        :class:`~stepkit.per_row.ContinuationTally`'s).
 
         Raises:
             StepkitError: more than half of the continuations sampled so far were empty
                 (:func:`~stepkit.per_row.empty_refusal`); the chunk is not committed.
         """
+        if self.asynchronous:
+            return asyncio.run(self.aprocess(rows))
+        out, todo, est, counters = self._prepare(rows)
+        self._estimate([(r, i) for r in todo for i in range(len(r["steps"]))], est, counters)
+        return self._labelled(out, todo, est, counters)
+
+    async def aprocess(self, rows: list[dict]) -> tuple[list[dict], dict[str, int]]:
+        """Binary mode's :meth:`process`: one coroutine per row (its search and v_0 beside it), so no row's
+        next probe waits for another row's slowest continuation, and the runner overlaps chunks."""
+        out, todo, est, counters = self._prepare(rows)
+        await self._search_all(todo, est, counters)
+        return self._labelled(out, todo, est, counters)
+
+    @property
+    def asynchronous(self) -> bool:
+        """Binary mode runs on the engine's asynchronous path (exhaustive mode: one engine call per chunk)."""
+        return self.mode == "binary"
+
+    def _prepare(self, rows: list[dict]):
+        """``(out, todo, est, counters)``: every row with empty ``mc_*`` columns (rows that cannot be
+        labelled keep an error or the ``ungraded`` status), the rows to label, their empty estimates, the
+        chunk's counters."""
         counters = {"continuations": 0, "truncated": 0, "empty": 0, "successes": 0, "prefixes_estimated": 0,
                     "no_signal": 0, "ungraded": 0, **dict.fromkeys(ContinuationTally.NAMES, 0)}
         todo = []
@@ -267,10 +290,10 @@ class MCLabelStage(LabelerStage):
                 r["error"] = RowError(self.name, f"unusable reference_answer: {bad[r['reference_answer']]}")
         todo = [r for r in todo if not r.get("error")]
         est: dict[int, dict[int, PrefixEstimate]] = {id(r): {} for r in todo}
-        if self.mode == "exhaustive":
-            self._estimate([(r, i) for r in todo for i in range(len(r["steps"]))], est, counters)
-        else:  # one coroutine per row: no row's next probe waits for another row's slowest continuation
-            asyncio.run(self._search_all(todo, est, counters))
+        return out, todo, est, counters
+
+    def _labelled(self, out, todo, est, counters):
+        """The chunk's result once its continuations are in: the empty refusal, then each row's labels."""
         if refused := empty_refusal(self.name, self._sampled["empty"], self._sampled["total"]):
             raise refused
         for r in todo:
@@ -285,8 +308,10 @@ class MCLabelStage(LabelerStage):
         asynchronous path, so the engine batches all rows' probes as they come."""
 
         async def estimate(r: dict, i: int) -> None:
-            comps = await self.engine.agenerate(self._request(r, i), self.sampling)
-            self._record([(r, i)], [comps], est, counters)
+            req = self._request(r, i)  # K continuations in one request; an error completion is the row's error
+            got = await sample_parsed(self.engine, req.prompt, self.sampling, _keep, self.name, want=req.n,
+                                      stop_on_error=False)
+            self._record([(r, i)], [got.completions], est, counters)
 
         async def search(r: dict) -> None:
             s = FirstErrorSearch(len(r["steps"]), r["outcome_correct"])
@@ -342,6 +367,11 @@ class MCLabelStage(LabelerStage):
             if ok:
                 e.successes += 1
                 counters["successes"] += 1
+
+
+def _keep(completion):
+    """A continuation is graded, not parsed: :func:`~stepkit.per_row.sample_parsed` keeps it as it came."""
+    return completion
 
 
 def _row_problem(row: dict) -> str | None:

@@ -58,8 +58,9 @@ prefix is a proper prefix of its own):
 
 Scheduling: every problem of a chunk searches in its own coroutine and awaits the engine's
 asynchronous path (:meth:`stepkit.engines.base.Engine.agenerate`), so the engine batches all searches'
-requests and none waits for another's slowest continuation. A problem's rows are never split across
-chunks (``group_by``), so its tree is committed whole.
+requests and none waits for another's slowest continuation; the runner keeps several chunks in flight
+(``--chunks-in-flight``), so the next chunk's searches start while a chunk's slowest ones finish. A
+problem's rows are never split across chunks (``group_by``), so its tree is committed whole.
 """
 
 from __future__ import annotations
@@ -256,9 +257,11 @@ class MCTSLabelStage(EngineStage):
 
     # -- the method ---------------------------------------------------------------------------------
 
-    def process(self, rows: list[dict]):
+    asynchronous = True  # every problem's search awaits the engine: the runner overlaps chunks
+
+    async def aprocess(self, rows: list[dict]):
         """Search every problem of the chunk concurrently; return its trajectory rows, counters and the
-        tree / pair rows.
+        tree / pair rows (``process`` runs it on an event loop of its own).
 
         Raises:
             StepkitError: more than half of the rollouts sampled so far were empty
@@ -269,7 +272,7 @@ class MCTSLabelStage(EngineStage):
             groups.setdefault(r["problem_id"], []).append(r)
         golds = {g[0].get("reference_answer") for g in groups.values() if g[0].get("reference_answer")}
         bad = self.checker.gold_problems(sorted(golds)) if golds else {}
-        results = asyncio.run(self._search_all(list(groups.values()), bad))
+        results = await self._search_all(list(groups.values()), bad)
         if refused := empty_refusal(self.name, self._sampled["empty"], self._sampled["total"]):
             raise refused
         counters = {"problems": len(groups), "continuations": 0, "filter_continuations": 0, "selections": 0,

@@ -16,6 +16,7 @@ default it asks for one step per line and a final "The answer is N." line.
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -23,12 +24,12 @@ from typing import Any
 import pyarrow as pa
 
 from stepkit.columns import Column, fields
-from stepkit.engines.base import EngineSpec, Request, SamplingConfig
+from stepkit.engines.base import EngineSpec, SamplingConfig
 from stepkit.errors import ConfigError, InputError, RowError, parse_failure
 from stepkit.grading.answers import extract_final_answer
 from stepkit.grading.steps import check_split, split_steps
 from stepkit.options import Config, check_field, field_names, opt
-from stepkit.per_row import engine_error
+from stepkit.per_row import engine_error, sample_parsed
 from stepkit.schema import PROBLEM_FIELDS, TRAJECTORY_FIELDS, check_values
 from stepkit.shards import config_hash
 from stepkit.stage import EngineStage
@@ -232,11 +233,18 @@ class RolloutStage(EngineStage):
                 raise InputError(path, "this problem is also a few-shot exemplar (--fewshot-file must hold other "
                                        "problems)", row=first_row + i, column="prompt")
 
-    def process(self, rows):
-        """Sample ``samples`` solutions for each problem row (one engine call per chunk) and return one
-        trajectory row per sample, plus counters (samples, truncated, no_final_answer, correct)."""
+    asynchronous = True  # one request per problem on the engine's asynchronous path: the runner overlaps chunks
+
+    async def aprocess(self, rows):
+        """Sample ``samples`` solutions for each problem row (one request of ``samples`` per problem, all
+        submitted at once on the engine's asynchronous path, so the next chunk's problems join the engine's
+        batch while this chunk's longest solutions finish) and return one trajectory row per sample, plus
+        counters (samples, truncated, no_final_answer, correct, ungradable)."""
         prompts = [self.engine.render_chat(self.prompt.messages(r["prompt"])) for r in rows]
-        results = self.engine.generate([Request(p, self.samples) for p in prompts], self.sampling)
+        # one request of N samples per problem; every sample is a row (an error completion a row's error)
+        got = await asyncio.gather(*(sample_parsed(self.engine, p, self.sampling, lambda c: c, self.name,
+                                                   want=self.samples, stop_on_error=False) for p in prompts))
+        results = [g.completions for g in got]
         count = getattr(self.engine, "count_tokens", None)
         bad = self.checker.gold_problems([r["reference_answer"] for r in rows if r.get("reference_answer")])
         out, pairs, graded = [], [], []

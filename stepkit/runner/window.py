@@ -1,0 +1,87 @@
+"""Chunks in flight: how :func:`stepkit.runner.shard.run_shard` runs a shard's chunks through a stage.
+
+A stage on the engine's asynchronous path (:attr:`stepkit.stage.Stage.asynchronous`) runs up to
+``window`` chunks at once on one event loop (``await stage.aprocess(rows)`` per chunk), so the next
+chunk's requests join the engine's batch while the previous chunk's slowest searches finish, instead of
+each chunk being a barrier. Chunks still finish (are committed) in index order: a chunk done early waits
+in memory for the ones before it, so a killed run has committed a prefix of the chunks it started plus
+what an earlier run committed, and redoes at most the ``window`` chunks that were in flight. Any other
+stage runs one chunk at a time (``stage.process(rows)``), as before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from stepkit.stage import Stage
+
+Chunk = tuple[int, list[dict]]
+
+
+def run_chunks(stage: Stage, chunks: Iterable[Chunk | None], window: int,
+               start: Callable[[int, list[dict]], Any], finish: Callable[[int, list[dict], Any, tuple], None]) -> None:
+    """Run every chunk of ``chunks`` through ``stage``, at most ``window`` at once for an asynchronous stage.
+
+    Args:
+        stage: the open stage.
+        chunks: ``(index, rows)`` in the order to commit them; a None is a barrier (every chunk before it
+            is finished before the next one is read: the parts pass of
+            :func:`stepkit.runner.parts._uncommitted_chunks` looks at what was committed there).
+        window: chunks in flight at once (1: one after another); ignored for a stage that is not
+            asynchronous.
+        start: ``start(i, rows) -> token``, called as chunk ``i`` starts (log, side-input joins), before the
+            stage sees its rows.
+        finish: ``finish(i, rows, token, result)`` with the stage's result, in index order (the commit).
+
+    Raises:
+        whatever the stage, ``finish`` or reading ``chunks`` raise (a chunk that fails, or cannot be read,
+        stops the run once the chunks before it are finished; the chunks after it are cancelled, never
+        committed).
+    """
+    if not stage.asynchronous:
+        for item in chunks:
+            if item is not None:
+                i, rows = item
+                token = start(i, rows)
+                finish(i, rows, token, stage.process(rows))
+        return
+    asyncio.run(_window(stage, chunks, max(1, window), start, finish))
+
+
+async def _window(stage: Stage, chunks: Iterable[Chunk | None], window: int, start, finish) -> None:
+    pending: collections.deque = collections.deque()  # (i, rows, token, task), in index order
+
+    async def drain(keep: int) -> None:
+        while len(pending) > keep:
+            i, rows, token, task = pending[0]
+            result = await task
+            pending.popleft()
+            finish(i, rows, token, result)
+
+    chunks = iter(chunks)
+    try:
+        while True:
+            try:
+                item = next(chunks)
+            except StopIteration:
+                break
+            except Exception:  # the next chunk cannot be read (bad input): the chunks before it still commit
+                await drain(0)
+                raise
+            if item is None:
+                await drain(0)
+                continue
+            i, rows = item
+            token = start(i, rows)
+            pending.append((i, rows, token, asyncio.ensure_future(stage.aprocess(rows))))
+            await drain(window - 1)
+        await drain(0)
+    finally:  # a failure or an interrupt: the chunks still in flight are never committed
+        tasks = [task for *_, task in pending]
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
