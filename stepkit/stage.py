@@ -13,13 +13,13 @@ datatrove's ``PipelineStep``: a small contract that any executor (local, Ray) ca
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 
+from stepkit.aio import run_sync
 from stepkit.columns import Column, fields
 from stepkit.options import Config, identity
 from stepkit.schema import check_steps, check_values, extend_schema
@@ -143,7 +143,7 @@ class Stage:
         An :attr:`asynchronous` stage's default runs :meth:`aprocess` on an event loop of its own.
         """
         if self.asynchronous:
-            return asyncio.run(self.aprocess(rows))
+            return run_sync(self.aprocess(rows))
         raise NotImplementedError
 
     async def aprocess(self, rows: list[dict]) -> tuple:

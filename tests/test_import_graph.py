@@ -15,7 +15,7 @@ MAX_LINES = 600
 
 # lowest first; a module's layer is that of the longest prefix listed
 LAYERS = [
-    ("stepkit", "stepkit.errors", "stepkit.options", "stepkit.console", "stepkit.matching", "stepkit.metrics",
+    ("stepkit", "stepkit.aio", "stepkit.errors", "stepkit.options", "stepkit.console", "stepkit.matching", "stepkit.metrics",
      "stepkit.conversations", "stepkit.columns", "stepkit.columns_legacy", "stepkit.schema", "stepkit.shards",
      "stepkit.models", "stepkit.prompts", "stepkit.grading"),
     ("stepkit.engines", "stepkit.stage", "stepkit.per_row"),

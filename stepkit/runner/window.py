@@ -16,6 +16,7 @@ import collections
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from stepkit.aio import run_sync
 from stepkit.stage import Stage
 
 Chunk = tuple[int, list[dict]]
@@ -48,7 +49,7 @@ def run_chunks(stage: Stage, chunks: Iterable[Chunk | None], window: int,
                 token = start(i, rows)
                 finish(i, rows, token, stage.process(rows))
         return
-    asyncio.run(_window(stage, chunks, max(1, window), start, finish))
+    run_sync(_window(stage, chunks, max(1, window), start, finish))
 
 
 async def _window(stage: Stage, chunks: Iterable[Chunk | None], window: int, start, finish) -> None:

@@ -45,6 +45,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from stepkit.aio import run_sync
 from stepkit.columns import Column, fields
 from stepkit.engines.base import EngineSpec, SamplingConfig
 from stepkit.errors import ConfigError, InputError, RowError
@@ -281,7 +282,7 @@ class ClueRecoverStage(EngineStage):
 
     def process(self, rows):
         """:meth:`aprocess` on an event loop of its own."""
-        return asyncio.run(self.aprocess(rows))
+        return run_sync(self.aprocess(rows))
 
     async def aprocess(self, rows):
         """One chunk -> the clue rows of the problems whose chosen row is in it, and counters

@@ -61,6 +61,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from stepkit.aio import run_sync
 from stepkit.columns import Column, fields
 from stepkit.engines.base import EngineSpec, SamplingConfig
 from stepkit.errors import ConfigError, InputError, RowError
@@ -261,7 +262,7 @@ class ClueScoreStage(EngineStage):
 
     def process(self, rows):
         """:meth:`aprocess` on an event loop of its own."""
-        return asyncio.run(self.aprocess(rows))
+        return run_sync(self.aprocess(rows))
 
     async def aprocess(self, rows):
         """Score one chunk: the numeric matches of every row go to the answer checker in one call, the LLM
