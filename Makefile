@@ -75,6 +75,7 @@ bench: model
 	$(BIN)/python bench/bench_engines.py
 	$(BIN)/python bench/bench_mcts.py
 	$(BIN)/python bench/bench_window.py
+	$(BIN)/python bench/bench_scale.py --data $(DATA) --json out/bench/scale.json
 	$(BIN)/python bench/clue_processbench.py --data $(DATA) --work out/bench/clue-processbench
 	$(BIN)/python bench/bench_cpu_threads.py --data $(DATA)
 	$(BIN)/python bench/likelihood_processbench.py --data $(DATA) --work out/bench/likelihood \
