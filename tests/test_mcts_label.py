@@ -18,6 +18,7 @@ from stepkit.schema import TRAJECTORY_SCHEMA
 from stepkit.stages.mcts_label import MCTSConfig, MCTSLabelStage
 from stepkit.stages.mcts_tree import Tree
 from tests.conftest import load_cases
+from tests.window_cases import OrderFree
 
 C = [f"c{i}" for i in range(1, 7)]  # the correct solution's steps
 
@@ -256,21 +257,7 @@ def test_cli_on_processbench_rows_then_eval_stats_and_show(tmp_path):
     assert p.returncode == 1 and "--rollout-budget 3 leaves no room" in p.stderr
 
 
-class OutOfOrder(ScriptedEngine):
-    """Answers submitted requests from worker threads after random delays, so they finish out of order."""
-
-    def __init__(self, *a, **kw):
-        super().__init__(*a, **kw)
-        import concurrent.futures
-        import random
-
-        self.pool, self.rng = concurrent.futures.ThreadPoolExecutor(8), random.Random(0)
-
-    def submit(self, request, sampling):
-        import time
-
-        delay = self.rng.random() * 0.01
-        return self.pool.submit(lambda: (time.sleep(delay), self.generate([request], sampling)[0])[1])
+OutOfOrder = OrderFree  # answers submitted requests out of order (tests/window_cases.py)
 
 
 def test_async_searches_give_the_same_rows_whatever_order_answers_come_in(tmp_path, checker):
