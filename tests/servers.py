@@ -277,6 +277,8 @@ class FakeServer:
             completions answer: ``hit`` counts completions requests from 1, ``reply`` is the answer about to
             be sent (a dict, choices in order); return another dict to send instead, raw bytes (sent as
             ``application/json``, e.g. malformed JSON), or None to send ``reply``.
+        port: the port to listen on (0: a free one); :meth:`stop` then :meth:`start` again listens on the
+            same port, as a server that was killed and restarted.
 
     Attributes:
         hits: path -> number of requests received. ``bodies``: the JSON bodies of completions requests.
@@ -286,7 +288,8 @@ class FakeServer:
                  retry_after: str | None = "0.01", reject: Callable[[str], bool] | None = None,
                  max_choices: int | None = None, delay: float = 0.0,
                  score_reply: Callable[[dict], dict] | None = None,
-                 mangle: Callable[[int, dict, dict], dict | bytes | None] | None = None):
+                 mangle: Callable[[int, dict, dict], dict | bytes | None] | None = None, port: int = 0):
+        self.port = port  # 0: a free one, kept after the first start (a restart listens on the same port)
         self.models = tuple(models)
         self.mangle = mangle
         self.score_reply = score_reply
@@ -304,7 +307,7 @@ class FakeServer:
 
     @property
     def base_url(self) -> str:
-        return f"http://{HOST}:{self._httpd.server_address[1]}/v1"
+        return f"http://{HOST}:{self.port}/v1"  # the same while stopped: a restart listens on this port
 
     def start(self) -> "FakeServer":
         fake = self
@@ -372,7 +375,8 @@ class FakeServer:
                     reply = reply if mangled is None else mangled
                 self._send(200, reply)
 
-        self._httpd = _QuietHTTPServer((HOST, 0), Handler)
+        self._httpd = _QuietHTTPServer((HOST, self.port), Handler)
+        self.port = self._httpd.server_address[1]
         self._httpd.daemon_threads = True
         self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
         self._thread.start()

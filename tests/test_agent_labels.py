@@ -295,6 +295,18 @@ def test_gold_action_answer_and_agent_scaffold_text():
     assert text[a:b] == "ANS\n</tool_call>"
 
 
+def test_likelihood_gold_action_of_a_task_with_no_gold_call_is_no_answer(tau, tmp_path):
+    """τ-bench task 12 (trial 3) has no gold call: nothing to score, said as ``no_answer``, never a value."""
+    src = tmp_path / "12-3.json"
+    src.write_text(json.dumps([c for c in tau if (c["task_id"], c["trial"]) == (12, 3)]))
+    run_cli("ingest", "messages", src, tmp_path / "one.parquet")
+    run_cli("likelihood-label", tmp_path / "one.parquet", tmp_path / "lh.parquet", "--engine", "scripted",
+            "--model", "scripted", "--target", "gold-action", "--no-progress")
+    (r,) = pq.read_table(tmp_path / "lh.parquet").to_pylist()
+    assert not r["reference_actions"] and r["error"] is None
+    assert r["lh_status"] == "no_answer" and r["lh_value"] is None and r["lh_first_error"] is None
+
+
 def test_likelihood_gold_action_scripted(tau_shard):
     small = tau_shard / "tau3.parquet"
     run_cli("ingest", "messages", TAU, small, "--limit", 3)

@@ -92,20 +92,23 @@ def test_stats_say_what_the_bundled_model_cannot_do(offline):
     assert "(P = 0.31" in stats
 
 
-@pytest.mark.own_engine  # the stage loads its two engines itself, one after the other
+@pytest.mark.engine
 def test_implicit_prm_with_the_model_as_its_own_reference(pb, tmp_path):
-    """Policy and reference are the same model, loaded one after the other: every step's log-ratio is 0, so
-    both passes scored the same tokens at the same positions. (The command refuses this configuration, whose
-    rewards are 0 by construction: tests/test_likelihood.py; the stage built with an explicit reference spec
-    is this check's way in.)"""
+    """Policy and reference are the same model, built one after the other from their specs: every step's
+    log-ratio is 0, so both passes scored the same tokens at the same positions. Both specs are lent the
+    session's engine (one load; its prefix cache is emptied before each, as a fresh engine's is). (The
+    command refuses this configuration, whose rewards are 0 by construction: tests/test_likelihood.py; the
+    stage built with an explicit reference spec is this check's way in.)"""
     from stepkit.engines.base import EngineSpec, SamplingConfig
     from stepkit.runner import run_stage
     from stepkit.stages.likelihood import LikelihoodConfig, LikelihoodStage
+    from tests import shared_engines
     out = tmp_path / "ip.parquet"
     stage = LikelihoodStage(LikelihoodConfig(method="implicit-prm", reference_model="smollm2-135m"),
                             EngineSpec("vllm", "smollm2-135m", 0), SamplingConfig(),
                             reference=EngineSpec("vllm", "smollm2-135m", 0))
-    run_stage(stage, pb, out, progress=False)
+    with shared_engines.lent():
+        run_stage(stage, pb, out, progress=False)
     rows = pq.read_table(out).to_pylist()
     for r in rows:
         assert r["lh_status"] == "ok" and len(r["lh_reward"]) == len(r["steps"])
@@ -118,7 +121,9 @@ def test_reading_the_prefix_cache_changes_no_value(pb, offline, tmp_path):
     with prefix caching off every text is prefilled whole. The values agree to bf16 noise on these rows."""
     out, _ = offline
     plain = tmp_path / "plain.parquet"
-    run("likelihood-label", pb, plain, "--model", "smollm2-135m", "--no-prefix-caching", "--no-progress")
+    # --max-model-len 4096: the engine of test_agent_engine's 4,096-token judge (one load for both)
+    run("likelihood-label", pb, plain, "--model", "smollm2-135m", "--no-prefix-caching", "--max-model-len", 4096,
+        "--no-progress")
     a, b = pq.read_table(out).to_pylist(), pq.read_table(plain).to_pylist()
     assert read_manifest(out)["counts"]["cached_tokens"] > 0 == read_manifest(plain)["counts"]["cached_tokens"]
     worst = max(abs(u - v) for x, y in zip(a, b)

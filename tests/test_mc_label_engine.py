@@ -7,9 +7,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
-import sys
 
 import pyarrow.parquet as pq
 import pytest
@@ -48,66 +45,6 @@ def check_rows(rows, k):
             assert 0 <= r["mc_first_error"] < m
 
 
-def _engine_children(pid: int) -> list:
-    import psutil
-
-    try:
-        return [p for p in psutil.Process(pid).children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE]
-    except psutil.NoSuchProcess:
-        return []
-
-
-@pytest.mark.own_engine
-def test_cli_end_to_end_killed_and_resumed(solutions, tmp_path):
-    """The whole command as a user runs it, on 3 real solutions: killed (whole process group, vLLM's
-    engine-core child included) after its first committed chunk, then run again to completion."""
-    import signal
-    import time
-
-    import psutil
-
-    out = tmp_path / "labeled.parquet"
-    parts = tmp_path / "labeled.parquet.parts"
-    cmd = [sys.executable, "-m", "stepkit.cli", "mc-label", str(solutions), str(out), "--model", "smollm2-135m",
-           "-k", "2", "--max-tokens", "96", "--no-progress", "--chunk-size", "1"]
-    proc = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 600
-    while not (parts / "part-00000.parquet").exists():
-        assert proc.poll() is None, proc.stderr.read()[-3000:]
-        assert time.time() < deadline
-        time.sleep(0.1)
-    children = _engine_children(proc.pid)
-    assert children, "the vLLM engine runs in child processes"
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
-    gone, alive = psutil.wait_procs(children, timeout=30)
-    assert not alive, f"engine processes survived the kill: {alive}"
-    committed = sorted(parts.glob("part-*.parquet"))
-    assert 1 <= len(committed) < 3 and not out.exists()
-    first_rows = pq.read_table(committed[0]).to_pylist()
-
-    # as a user runs it: the `stepkit` command (its spawned engine processes import stepkit first, which
-    # quiets vLLM's Triton notice; `python -m` children do not), vLLM's logging at stepkit's default
-    script = [os.path.join(os.path.dirname(sys.executable), "stepkit"), *cmd[3:]]
-    p = subprocess.run(script, capture_output=True, text=True, timeout=900,
-                       env={**os.environ, "VLLM_LOGGING_LEVEL": "ERROR"})
-    assert p.returncode == 0, p.stderr[-3000:]
-    for noise in ("Triton is installed", "NUMA binding", "FutureWarning", "reduce_op"):  # engine start-up notices
-        assert noise not in p.stderr, p.stderr[:2000]
-    rows = pq.read_table(out).to_pylist()
-    assert [r["id"] for r in rows] == [f"gsm8k-test-{i}:175b_verification" for i in range(3)]
-    assert rows[0] == first_rows[0]  # the committed chunk was kept, not regenerated
-    check_rows(rows, 2)
-    for r in rows:  # exhaustive: K continuations for every prefix but the last (the outcome)
-        assert r["mc_rollouts"] == [2] * (len(r["steps"]) - 1) + [0]
-    m = json.loads((tmp_path / "labeled.manifest.json").read_text())
-    assert m["run"]["resumed_chunks"] == len(committed) and m["run"]["chunks_this_run"] == 3 - len(committed)
-    assert m["config"]["engine"]["enable_prefix_caching"] is True
-    assert m["provenance"]["engine"]["engine"] == "vllm" and m["provenance"]["engine"]["vllm_version"]
-    assert m["counts"]["continuations"] == sum(2 * len(r["steps"]) for r in rows)  # incl. v0
-    assert m["config"]["sampling"]["max_tokens"] == 96
-
-
 @pytest.fixture
 def engine(vllm_engine):
     return vllm_engine  # the session's (tests/shared_engines.py)
@@ -124,17 +61,22 @@ def stage(engine, checker, mode, k=2, max_tokens=96):
 
 
 def test_truncated_continuations_are_counted_not_wrong(engine, checker, solutions, tmp_path):
-    """vllm-default-max-tokens-16 on the real engine: with a tiny budget every continuation ends with
-    finish_reason 'length'; they are all reported as truncated and none is graded as wrong."""
+    """vllm-default-max-tokens-16 on the real engine: with a 3-token budget nearly every continuation ends with
+    finish_reason 'length' (one may still stop sooner, at the end of its turn); those are reported as
+    truncated and left out of the denominator, never graded as wrong."""
     out = tmp_path / "t.parquet"
     (res,) = run_stage(stage(engine, checker, "exhaustive", max_tokens=3), solutions, out, progress=False)
     rows = pq.read_table(out).to_pylist()
     check_rows(rows, 2)
     for r in rows:
-        assert r["mc_truncated"][:-1] == r["mc_rollouts"][:-1]
-        assert r["mc_value"][:-1] == [None] * (len(r["steps"]) - 1)
-        assert r["mc_status"] == "no_signal" and r["mc_first_error"] is None
-    assert res.counters["truncated"] == res.counters["continuations"]
+        for i in range(len(r["steps"]) - 1):
+            n, t, e, s = (r[c][i] for c in ("mc_rollouts", "mc_truncated", "mc_empty", "mc_successes"))
+            graded = n - t - e
+            assert r["mc_value"][i] == (None if graded == 0 else pytest.approx(s / graded))
+            if graded == 0:
+                assert s == 0
+    assert res.counters["truncated"] == sum(sum(r["mc_truncated"]) for r in rows)
+    assert res.counters["truncated"] >= 0.8 * res.counters["continuations"]
 
 
 def test_binary_mode_budget_on_real_engine(engine, checker, solutions, tmp_path):

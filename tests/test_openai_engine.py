@@ -1,15 +1,12 @@
 """The ``openai`` engine: fault injection against a fake server, then the real vLLM server (CPU).
 
-The fake-server tests are fast. The real-server tests (``engine`` mark) share ONE server for the module
-(~40 s to start); the last test kills it in the middle of a ``stepkit mc-label`` run and restarts it on the
-same port, so it must stay last.
+The fake-server tests are fast. The real-server tests (``engine`` mark) share ONE server for the session
+(~40 s to start). A server that goes away mid-run and comes back: tests/faults/test_server_faults.py (a fake
+server stopped and restarted on its port; a restart of the real one would cost another load).
 """
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import time
 
 import pyarrow.parquet as pq
@@ -19,7 +16,7 @@ from stepkit.engines.base import Completion, Request, SamplingConfig, make_engin
 from stepkit.engines.openai_engine import EngineUnavailable, OpenAIEngine, parse_prometheus
 from stepkit.errors import ConfigError, StepkitError
 from stepkit.shards import read_manifest
-from tests.conftest import DATA, ROOT, run_cli
+from tests.conftest import DATA, run_cli
 from tests.servers import FakeServer, free_port
 
 GREEDY = SamplingConfig(temperature=0.0, max_tokens=12)
@@ -380,50 +377,3 @@ def test_real_cli_rollout_through_the_server(server, tmp_path):
             assert r["outcome_correct"] is None
     manifest = read_manifest(out)
     assert manifest["provenance"]["engine"]["engine"] == "openai" and manifest["counts"]["samples"] == 16
-
-
-@pytest.mark.engine
-def test_real_server_killed_mid_run_then_restarted_resumes(server, tmp_path):
-    """Kill the server's whole process group while `stepkit mc-label` runs: the command fails with one line
-    and keeps only whole committed chunks; after a restart on the same port the same command resumes.
-    Must stay the session's last server test (it restarts the shared server)."""
-    solutions = tmp_path / "solutions.parquet"
-    _ingest_solutions(solutions, 4)
-    out = tmp_path / "labeled.parquet"
-    parts = tmp_path / "labeled.parquet.parts"
-    cmd = [sys.executable, "-m", "stepkit.cli", "mc-label", str(solutions), str(out), "--engine", "openai",
-           "--base-url", str(server), "--model", "smollm2-135m", "-k", "2", "--max-tokens", "64", "--no-progress",
-           "--chunk-size", "1"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
-                            start_new_session=True)
-    try:
-        deadline = time.monotonic() + 600
-        while not (parts / "part-00000.parquet").exists():
-            assert proc.poll() is None, proc.stderr.read()[-3000:]
-            assert time.monotonic() < deadline, "no chunk committed in 600 s"
-            time.sleep(0.05)
-        server.kill()
-        _, stderr = proc.communicate(timeout=300)  # gives up after its retries (~20 s)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, 9)
-            proc.wait()
-    assert proc.returncode == 1, stderr[-3000:]
-    error_lines = [line for line in stderr.splitlines() if line.startswith("error: ")]
-    assert len(error_lines) == 1 and f"the server at {server}" in error_lines[0], stderr[-3000:]
-    assert "rerun the same command to resume" in error_lines[0]
-    print(f"\nafter the kill: {error_lines[0]}")
-    committed = sorted(p.name for p in parts.glob("part-*.parquet"))
-    assert not out.exists() and 1 <= len(committed) < 4, committed
-    committed_rows = [row for name in committed for row in pq.read_table(parts / name).to_pylist()]
-
-    server.restart()
-    print(f"committed {len(committed)} of 4 chunks before the kill; restart took {server.server.start_seconds[-1]:.1f} s")
-    p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=900)
-    assert p.returncode == 0, p.stderr[-3000:]
-    manifest = read_manifest(out)
-    assert manifest["run"]["resumed_chunks"] == len(committed)
-    rows = pq.read_table(out).to_pylist()
-    assert [r["id"] for r in rows] == [f"gsm8k-test-{i}:175b_verification" for i in range(4)]
-    _check_labeled(rows)
-    assert rows[: len(committed_rows)] == committed_rows  # committed chunks were not redone

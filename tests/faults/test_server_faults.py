@@ -1,5 +1,6 @@
 """An OpenAI-compatible server that answers malformed JSON, an empty ``choices``, fewer choices than ``n``, or
-choices out of order: a retry or a per-request error, never a result attached to the wrong request."""
+choices out of order: a retry or a per-request error, never a result attached to the wrong request. A server
+that goes away mid-run: one line, whole chunks kept, and the rerun resumes once it is back."""
 
 from __future__ import annotations
 
@@ -176,3 +177,42 @@ def test_mc_label_through_a_misbehaving_server(solutions, tmp_path, fault_table)
                     "restart it and rerun`, chunk in flight not committed; the rerun resumed", lost,
                     f"{kept} of 12 chunks kept, rerun {seconds:.0f} s; {json.dumps(m['provenance']['engine']['retries'])} "
                     "retries in the rerun")
+
+
+def test_a_server_gone_mid_run_is_one_line_and_the_rerun_resumes_once_it_is_back(solutions, tmp_path, fault_table):
+    """The server stops listening while `stepkit mc-label` runs (as a killed server: connections refused): the
+    command gives up after its retries with one line naming the server, exit 1, and keeps only whole
+    committed chunks; restarted on the same port, the same command resumes them and labels the rest."""
+    out = tmp_path / "lab.parquet"
+    args = ["mc-label", solutions, out, "--engine", "openai", "--model", "smollm2-135m", "-k", "2", "--chunk-size",
+            "1", "--max-retries", "1", "--no-progress"]
+    fake = FakeServer(delay=0.05).start()
+    try:
+        proc = subprocess.Popen(command(*args, "--base-url", fake.base_url), env=ENV, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, text=True)
+        try:
+            wait_for_parts(out, 2, proc)
+            fake.stop()
+            proc.wait(timeout=300)  # gives up after its retries
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        line = one_error_line(proc)
+        assert proc.returncode == 1 and f"the server at {fake.base_url}" in line
+        assert "rerun the same command to resume" in line
+        kept = committed(out)
+        assert not out.exists() and 2 <= len(kept) < 12
+        kept_rows = [r for part in kept for r in pq.read_table(part).to_pylist()]
+        fake.start()
+        stepkit(*args, "--base-url", fake.base_url)
+    finally:
+        fake.stop()
+    m = manifest(out)
+    assert m["run"]["resumed_chunks"] == len(kept) and m["counts"]["errors"] == 0
+    rows = pq.read_table(out).to_pylist()
+    assert rows[:len(kept_rows)] == kept_rows  # committed chunks were not redone
+    lost = rows_lost(solutions, out)
+    assert lost == 0
+    fault_table.add("the server stops listening mid mc-label run, then comes back on the same port",
+                    "one line naming the server after its retries, exit 1; the rerun resumed the committed chunks",
+                    lost, f"{len(kept)} chunks kept")
