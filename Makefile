@@ -65,7 +65,7 @@ lint: setup
 	$(BIN)/ruff check stepkit tests bench
 
 test: model lint
-	$(BIN)/python -m pytest -q tests --durations=30
+	$(BIN)/python tests/run_parts.py -q --durations=30
 
 test-fast: setup lint
 	$(BIN)/python -m pytest -q tests -m "not engine"

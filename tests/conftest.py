@@ -67,6 +67,12 @@ ENGINE_MARKERS = {
 }
 
 
+def pytest_addoption(parser):
+    parser.addoption("--part", choices=("all", "engine", "other"), default="all",
+                     help="run only the tests that use a real engine (engine), only the others (other), or all: "
+                          "tests/run_parts.py runs the two parts side by side, one per core")
+
+
 def pytest_configure(config):
     for name, text in ENGINE_MARKERS.items():
         config.addinivalue_line("markers", f"{name}: {text}")
@@ -91,8 +97,13 @@ def pytest_collection_modifyitems(session, config, items):
     after all others, in the order of :func:`_engine_group` (stable within a group): the tests that borrow
     the session's engine one after another, so it loads once, then the server's, then those that start
     their own. Module-scoped fixtures of a module whose tests land in two groups are built twice; what an
-    engine builds is session-scoped."""
+    engine builds is session-scoped. ``--part engine`` keeps groups 1-5, ``--part other`` group 0."""
     items.sort(key=_engine_group)
+    part = config.getoption("--part")
+    if part != "all":
+        keep = [(_engine_group(it) > 0) == (part == "engine") for it in items]
+        config.hook.pytest_deselected(items=[it for it, k in zip(items, keep) if not k])
+        items[:] = [it for it, k in zip(items, keep) if k]
 
 
 _ENGINE_LOCK = []
