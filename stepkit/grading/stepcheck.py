@@ -20,7 +20,7 @@ A claim ends in one of three outcomes:
 
 Context: a first link ``v = <number>`` (``a = -6``, ``n = 107``) defines ``v`` for the later links of every
 later chain of the solution (a substitution: ``A = \pi r^2 = 9\pi`` after ``r = 3``), until a step defines
-``v`` again. A value a step names is checked against the equations in ``v`` the same step wrote before it:
+``v`` again; one inside a case (``Second, if \gcd(y, 6) = 2``) only for the rest of that case. A value a step names is checked against the equations in ``v`` the same step wrote before it:
 it must solve one of them (a case split ``x - 8 = \pm 12`` gives two). Which links are claims about symbols (must be
 identities) and which are conditions:
 
@@ -32,12 +32,21 @@ identities) and which are conditions:
   ``x = 3`` is a new equation, not a claim about 3): held when it is an identity;
   else it is compared with the earlier conditions in the same symbols (:func:`_follows`: held when a
   rearrangement of one; failed when, in one variable with rational polynomial sides, it shares no root with
-  any, or when it has the latest one's symbol terms with another constant, a term moved wrongly; inside a
-  case, ``if``/``suppose``/``for n = 4``, only the case's own conditions count); else not parsed. It is
-  remembered, so that a value the step then names (``y = \frac{4}{7}``) is checked against it.
+  any, or when it has the latest one's symbol terms with another constant, a term moved wrongly, or the
+  same monomials, three or more and one of degree 2 or more, with some terms' signs flipped, a term moved
+  across with its sign kept, :func:`_sign_slip`; inside a case, ``if``/``suppose``/``for n = 4``, only the
+  case's own conditions count); else not parsed. It is remembered, so that a value the step then names
+  (``y = \frac{4}{7}``) is checked against it.
 * ``f(x) = <body>`` defines a one-letter function (also from the problem text); ``f(2) = ..`` evaluates it.
   A name restated in a later step with another symbolic value (``c = 2d``, then ``c = \frac{1}{2}d``) must
-  be an identity (not inside a case; ``x``, ``y``, ``z`` exempt).
+  be an identity (not inside a case; ``x``, ``y``, ``z`` exempt). A name with a formula (``x = (120 -
+  k^2)^2``, outside a case) given a number once every symbol of the formula got a value after it (``If k =
+  9, then x = 961``) must be the formula's value there (:func:`_formula`).
+* congruences (:mod:`stepkit.grading.claim_forms`): numeric ones exactly (integers only: ``3^{-1}`` is an
+  inverse, not parsed); one in one symbol is compared with the latest before it in the same symbol and
+  modulus by their residues (:func:`_congruence_follows`: held when the same, failed when they share none,
+  ``2n \equiv -10 \implies 2n \equiv 1 \pmod 3``; a list of residues, ``n \equiv 1`` or ``n \equiv 2``, is
+  no derivation). ``gcd``/``lcm`` evaluate on integers only.
 """
 
 from __future__ import annotations
@@ -57,6 +66,10 @@ SUBSTITUTE_CONDITIONS = False  # put definitions into a first link with symbols 
 ACROSS = True  # compare a linear equation with the previous step's too (else only within a step)
 LINEAR = True  # a linear equation in one variable must keep the root of the one before it
 RESTATE_EXEMPT = ("x", "y", "z")  # names a solution reuses for new curves (y = 2x + 3, then y = -x + 1)
+SIGN_SLIPS = True  # a rearranged polynomial equation with some terms' signs flipped is false
+FORMULAS = True  # a value named for a name with a formula is checked against it at the values given after it
+FORMULA_REACH = 3  # ... given at most this many claims before the value
+CASE_SCOPE = True  # a value given inside a case (if, suppose, for n = 4) is a definition in that case only
 SCOPE = "solution"  # where a definition holds: "solution" (later steps too), "step" (its own step), "none"
 _TINY = 1e-25
 
@@ -117,7 +130,20 @@ class _Sympy:
         self.names = {"abs": sympy.Abs, "sqrt": sympy.sqrt, "sin": sympy.sin, "cos": sympy.cos, "tan": sympy.tan, "log": sympy.log,
                       "exp": sympy.exp, "binomial": sympy.binomial, "factorial": sympy.factorial,
                       "floor": sympy.floor, "ceiling": sympy.ceiling, "pi": sympy.pi, "Integer": sympy.Integer,
-                      "Rational": sympy.Rational, "Symbol": sympy.Symbol, "Float": sympy.Float}
+                      "Rational": sympy.Rational, "Symbol": sympy.Symbol, "Float": sympy.Float,
+                      "gcd": self._integers(sympy, sympy.igcd), "lcm": self._integers(sympy, sympy.ilcm)}
+
+    @staticmethod
+    def _integers(sympy, f):
+        """``f`` (igcd, ilcm) of two or more integers; anything else raises TypeError (the side is not parsed)."""
+        def g(*args):
+            if len(args) < 2 or not all(getattr(a, "is_Integer", False) for a in args):
+                raise TypeError("gcd/lcm of integers only")
+            out = args[0]
+            for a in args[1:]:
+                out = f(out, a)
+            return sympy.Integer(out)
+        return g
 
     def parse(self, expr: str | None):
         """The sympy expression of a plain expression from :func:`claims.to_expression`, None if it fails."""
@@ -179,6 +205,55 @@ def _numeric(sp, op: str, a, b, decimals: int, whole: bool = False, rough: bool 
     return {"<": x < y and not equal, "<=": x < y or equal, ">": x > y and not equal, ">=": x > y or equal}[op]
 
 
+def _congruent(sp, a, b, m) -> bool | None:
+    """Whether the integers ``a`` and ``b`` are congruent modulo the integer ``m`` (None: any of them is not an
+    integer, has a symbol or ``m`` is 0: ``3^{-1} \\equiv 4`` is an inverse, not the rational 1/3)."""
+    if m is None or not all(getattr(v, "is_Integer", False) for v in (a, b, m)) or m == 0:
+        return None
+    return (a - b) % m == 0
+
+
+def _residues(sp, d, m: int) -> frozenset | None:
+    """The residues ``k`` modulo ``m`` with ``d(k) = 0 (mod m)`` (``d`` a polynomial in one symbol with integer
+    coefficients, ``2 <= m <= 5000``), or None."""
+    (x,) = d.free_symbols
+    try:
+        coeffs = [int(c) for c in sp.Poly(d, x, domain="ZZ").all_coeffs()]
+    except (sp.PolynomialError, sp.CoercionFailed, sp.GeneratorsNeeded, ValueError, TypeError):
+        return None
+    roots = []
+    for k in range(m):
+        v = 0
+        for c in coeffs:
+            v = (v * k + c) % m
+        if v == 0:
+            roots.append(k)
+    return frozenset(roots)
+
+
+def _congruence_follows(sp, a, b, m, memo: dict) -> bool | None:
+    """A congruence ``a = b (mod m)`` in one symbol against the latest one before it in the same symbol and
+    modulus (inside a case: of the same case): held when both have the same residues, failed when they share
+    none (``2n = 1 (mod 3)`` after ``2n = -10 (mod 3)``), else None; it is remembered either way. The same
+    left side with a reduced residue before it (``n = 1`` or ``n = 2 (mod 3)``) is a list of cases: None."""
+    d = sp.expand(a - b)
+    if m is None or not m.is_Integer or not 2 <= int(m) <= 5000 or len(d.free_symbols) != 1:
+        return None
+    now = _residues(sp, d, int(m))
+    if now is None:
+        return None
+    where = memo.get("case", (0, 0))
+    same = [c for c in memo.setdefault("congruences", []) if c[0] == d.free_symbols and c[1] == int(m) and
+            (not where[1] or c[2] == where)]
+    memo["congruences"].append((d.free_symbols, int(m), where, now, a, b))
+    if not same or not same[-1][3]:
+        return None
+    if same[-1][4] == a and same[-1][5].is_Integer and 0 <= same[-1][5] < m:
+        return None
+    before = same[-1][3]
+    return True if now == before else False if not now & before else None
+
+
 def _identity(sp, a, b, rng: random.Random) -> bool | None:
     """Whether ``a == b`` for every value of their symbols: expand, then random rational points; None when
     no point evaluates."""
@@ -236,6 +311,7 @@ def check_solution(steps: list[str], timeout: float = 2.0, seed: int = 0, proble
     rng = random.Random(seed)
     defs: dict = {}
     symbolic: dict = {}  # the latest symbolic value of each name (R = 225000 + 4000n - 50n^2)
+    memo: dict = {"tick": 0, "formula": {}, "at": {}}  # formulas (x = (120 - k^2)^2) and when each name got a value
     funcs: dict = {}  # one-letter functions the solution defined: name -> (variable, body)
     for it in extract(problem)[0] if problem else []:
         if isinstance(it, Relation) and it.call is not None:
@@ -247,6 +323,7 @@ def check_solution(steps: list[str], timeout: float = 2.0, seed: int = 0, proble
                 pass
     problem_funcs = dict(funcs)
     last_equation: list = []  # the solution's conditions, oldest first: (condition, step, case within the step)
+    case_defs: dict = {}  # the names given a value inside a case: name -> (step, case)
     out = []
     previous = None
     for step in steps:
@@ -254,6 +331,7 @@ def check_solution(steps: list[str], timeout: float = 2.0, seed: int = 0, proble
         items, previous = extract(step, previous)
         if SCOPE != "solution":
             defs, funcs, symbolic = {}, dict(problem_funcs), {}
+            memo = {"tick": memo["tick"], "formula": {}, "at": {}}
         conditions = []  # this step's equations, which a value it names may solve
         cases = [m.start() for m in _CASE.finditer(step)]  # where a case opens (if, suppose, for n = 4, ...)
         if not ACROSS:
@@ -266,15 +344,24 @@ def check_solution(steps: list[str], timeout: float = 2.0, seed: int = 0, proble
             # inside a case, a condition follows only from the conditions of the same case
             history = [c for c, s, k in last_equation if not case or (s == len(out) and k == case)]
             before = len(conditions)
+            where = (len(out), case)
+            for k in [k for k, w in case_defs.items() if w != where] if CASE_SCOPE else ():
+                defs.pop(k, None)  # a value given inside a case holds in that case only
+                del case_defs[k]
+            snapshot = dict(defs)
             try:
                 with _time_limit(timeout):
+                    memo["tick"] += 1
+                    memo["case"] = where
                     verdict = _relation(S, it, defs, conditions, rng, history, funcs, None if case else symbolic,
-                                        len(out))
+                                        len(out), memo)
             except ClaimTimeout:
                 verdict = None
             except (TypeError, ValueError, ZeroDivisionError, RecursionError, OverflowError, AttributeError):
                 verdict = None
             last_equation += [(c, len(out), case) for c in conditions[before:]]
+            if case:
+                case_defs.update({k: where for k, v in defs.items() if snapshot.get(k) is not v})
             if verdict == "skip":
                 continue
             _count(res, verdict, it.text)
@@ -317,7 +404,7 @@ def _rational_poly(sp, e, x):
 
 
 _CASE = re.compile(r"\b(?:if|case|cases|suppose|assume|assuming|when|either|otherwise|alternatively|try|trying)\b|"
-                   r"\bfor\s+(?:\\\(|\$)[^$)]*=", re.I)
+                   r"\bfor\s+(?:\\\(|\$)[^$)]*(?:=|\\equiv)", re.I)
 
 
 def _follows(sp, new, history: list) -> bool | None:
@@ -361,8 +448,25 @@ def _follows(sp, new, history: list) -> bool | None:
     cn, co = _constant_part(sp, dn), _constant_part(sp, do)
     c = _proportional(sp, sp.expand(dn - cn), sp.expand(do - co))
     if c is None:
-        return None
+        return False if SIGN_SLIPS and _sign_slip(sp, dn, do) else None
     return _numeric(sp, "=", cn, c * co, 0)
+
+
+def _sign_slip(sp, dn, do) -> bool:
+    """Whether the polynomials ``dn`` and ``do`` (rational coefficients) have the same monomials, at least
+    three, one of degree 2 or more, with coefficients in the ratio ``c`` for most and ``-c`` for the rest: a
+    term moved across with its sign kept (``0 = (k^2 - 4)a + 3k^2`` after ``4a = k^2 a - 3k^2``)."""
+    gens = sorted(dn.free_symbols | do.free_symbols, key=lambda v: v.name)
+    try:
+        tn, to = dict(sp.Poly(dn, *gens, domain="QQ").terms()), dict(sp.Poly(do, *gens, domain="QQ").terms())
+    except (sp.PolynomialError, sp.CoercionFailed, sp.GeneratorsNeeded, ValueError, TypeError):
+        return False
+    if set(tn) != set(to) or len(tn) < 3 or max(sum(k) for k in tn) < 2:
+        return False
+    ratios = [tn[k] / to[k] for k in tn]
+    kept = sum(q == ratios[0] for q in ratios)
+    flipped = sum(q == -ratios[0] for q in ratios)
+    return kept + flipped == len(ratios) and 0 < min(kept, flipped) < max(kept, flipped)
 
 
 def _call(S: _Sympy, r: Relation, funcs: dict, rng: random.Random):
@@ -392,10 +496,29 @@ def _call(S: _Sympy, r: Relation, funcs: dict, rng: random.Random):
     return _identity_or_imaginary(sp, value, b, rng)
 
 
+def _formula(sp, r: Relation, value, defs: dict, memo: dict) -> bool | None:
+    """A value named for a name with a formula (``x = (120 - k^2)^2``, outside a case) when every symbol of the
+    formula got its value after the formula was written, in this step and at most ``FORMULA_REACH`` claims
+    before this one (``If k = 9, then x = 961``): whether the formula at those values gives it (None: no such formula, or it
+    does not evaluate to a number)."""
+    formula = memo["formula"].get(r.name)  # (None: the name's latest formula was written inside a case)
+    if formula is None or not formula[0].free_symbols:
+        return None
+    body, written = formula
+    step = memo["case"][0]
+    if not all(written < memo["at"].get(s, (-1, -1))[0] >= memo["tick"] - FORMULA_REACH and memo["at"][s][1] == step
+               and s in defs for s in body.free_symbols):
+        return None  # (values given long before the claim belong to something else: a = 1, b = 6 of a quadratic)
+    v = body.subs(defs)
+    rough = r.rounded_input or bool(re.search(r"\d\.\d", r.text.partition(" = ")[2]))  # (y = \frac{199.1}{2})
+    return None if v.free_symbols else _numeric(sp, "=", v, value, r.decimals, rough=rough)
+
+
 def _relation(S: _Sympy, r: Relation, defs: dict, conditions: list, rng: random.Random, history: list,
-              funcs: dict | None = None, symbolic: dict | None = None, step: int = 0):
+              funcs: dict | None = None, symbolic: dict | None = None, step: int = 0, memo: dict | None = None):
     """True / False / None (not parsed) / "skip" (a definition, not a claim) for one relation; a condition
-    updates ``conditions`` (this step's) and ``last_equation`` (the solution's latest)."""
+    updates ``conditions`` (this step's) and ``last_equation`` (the solution's latest); ``memo``: the
+    formulas of :func:`_formula`."""
     sp = S.sp
     if r.call is not None:
         return _call(S, r, funcs if funcs is not None else {}, rng)
@@ -404,6 +527,8 @@ def _relation(S: _Sympy, r: Relation, defs: dict, conditions: list, rng: random.
         return None
     if r.name is not None and r.op == "=":
         value = b.subs(defs) if b.free_symbols else b
+        if b.free_symbols and memo is not None:  # a formula as written (y = \frac{1}{5}x + \frac{13}{5})
+            memo["formula"][r.name] = (b, memo["tick"]) if symbolic is not None else None
         if value.free_symbols:  # a symbolic definition (R = (300 - 5n)(750 + 10n)): no claim, unless it restates
             if symbolic is None or r.name in RESTATE_EXEMPT:  # one (R = 225000 + 4000n - 50n^2 after it)
                 return "skip"
@@ -415,6 +540,11 @@ def _relation(S: _Sympy, r: Relation, defs: dict, conditions: list, rng: random.
         if SCOPE != "none":
             defs[sp.Symbol(r.name)] = value
         name = sp.Symbol(r.name)
+        formula = _formula(sp, r, value, defs, memo) if FORMULAS and memo is not None and not b.free_symbols else None
+        if memo is not None:
+            memo["at"][name] = (memo["tick"], memo["case"][0])
+        if formula is not None:
+            return formula
         verdicts = []
         if r.decimals or not SOLVED or re.search(r"\d\.\d", r.text.partition(" = ")[2]):
             return "skip"  # a rounded value satisfies its equation only roughly: not checked
@@ -428,6 +558,11 @@ def _relation(S: _Sympy, r: Relation, defs: dict, conditions: list, rng: random.
         return "skip"
     if a is None:
         return None
+    if r.op == "≡":
+        a2, b2, m = a.subs(defs), b.subs(defs), S.parse(r.modulus)
+        if a2.free_symbols | b2.free_symbols:
+            return _congruence_follows(sp, a2, b2, m, memo) if memo is not None else None
+        return _congruent(sp, a2, b2, m)
     if r.link == "first" and (a.free_symbols | b.free_symbols) and not SUBSTITUTE_CONDITIONS:  # a condition
         a2, b2 = a, b
     else:
