@@ -223,3 +223,51 @@ def logs(s: str) -> str | None:
             j = i + a.end()
             arg = a.group()
         s = s[:m.start()] + "{\\log(" + arg + ")/\\log(" + base + ")}" + s[j:]
+
+
+# Functions written without parentheses (tokens of claims._explicit).
+
+def _group(toks: list, i: int) -> int | None:
+    """The index after the parenthesised group opening at ``toks[i]``, or None."""
+    depth = 0
+    for j in range(i, len(toks)):
+        depth += toks[j][1] == "("
+        depth -= toks[j][1] == ")"
+        if depth == 0:
+            return j + 1
+    return None
+
+
+def applied(toks: list) -> list | None:
+    r"""``sin x``, ``\sin^2 x``, ``\log 2``, ``\sin x \cos x`` (a function before a run of numbers and names)
+    as ``sin(x)``, ``(sin(x))**(2)``...; None when the reading is ambiguous (``\sin x^2``) or the function has
+    no argument."""
+    out, i = [], 0
+    while i < len(toks):
+        kind, text = toks[i]
+        if kind != "func" or text not in ("sin", "cos", "tan", "log", "exp") or \
+                (i + 1 < len(toks) and toks[i + 1][1] == "("):
+            out.append(toks[i])
+            i += 1
+            continue
+        j, power = i + 1, []
+        if j < len(toks) and toks[j][1] == "**" and j + 1 < len(toks) and toks[j + 1][1] == "(":
+            end = _group(toks, j + 1)
+            if end is None:
+                return None
+            power, j = toks[j:end], end
+            if any(t[1] == "-" for t in power):
+                return None  # \cos^{-1}: the inverse function, not a power
+        k = j
+        while k < len(toks) and toks[k][0] in ("num", "name"):
+            k += 1
+        if power and k == j and j < len(toks) and toks[j][1] == "(":  # \sin^2(x)
+            k = _group(toks, j)
+            if k is None:
+                return None
+        elif k == j or (k < len(toks) and toks[k][1] in ("**", "(")):
+            return None
+        call = [("func", text), ("op", "(")] + toks[j:k] + [("op", ")")]
+        out += ([("op", "(")] + call + [("op", ")")] + power) if power else call
+        i = k
+    return out

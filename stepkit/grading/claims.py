@@ -29,16 +29,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, replace
 
-from stepkit.grading.claim_forms import (
-    bars,
-    based_numbers,
-    gcd_lcm,
-    logs,
-    mark_moduli,
-    spans_as_numbers,
-    take_modulus,
-    worded,
-)
+from stepkit.grading import claim_forms as cf
 from stepkit.grading.clues import read_step
 
 FUNCTIONS = ("sqrt", "sin", "cos", "tan", "log", "exp", "binomial", "factorial", "floor", "ceiling", "abs", "gcd", "lcm")
@@ -217,11 +208,11 @@ def to_expression(latex: str) -> str | None:
     r"""A side of a relation (LaTeX or plain) as a plain expression over the closed vocabulary of the module
     docstring, with every product explicit (``2x(x+1)`` -> ``2*x*(x+1)``) and every decimal an exact
     fraction (``0.75`` -> ``(75/100)``); None when any part of it is outside that vocabulary."""
-    s = based_numbers(_unbox(latex.strip()).rstrip(".,;:").strip())
+    s = cf.based_numbers(_unbox(latex.strip()).rstrip(".,;:").strip())
     s = _UNIT.sub(" ", s).strip()
     if not s or len(s) > 400 or "\x01" in s or "\x00" in s or s[0] in "+*/^" or s[-1] in "+-*/^":
         return None  # a word, or a part cut out of a longer expression
-    s = bars(logs(s)) if "|" in s or "\\log_" in s else s
+    s = cf.bars(cf.logs(s)) if "|" in s or "\\log_" in s else s
     if s is None:
         return None
     if _REFUSE.search(s) or re.search(r"[A-Za-z]\s*\^\s*\{\s*-\s*1\s*\}\s*\(", s):
@@ -292,6 +283,7 @@ def _explicit(s: str) -> str | None:
                     toks.append(("name", ch))
         else:
             toks.append(("op", op))
+    toks = cf.applied(toks)
     if not toks:
         return None
     out = []
@@ -310,6 +302,8 @@ def _explicit(s: str) -> str | None:
     expr = "".join(out)
     if re.search(r"\*\*\s*\(?\s*\d{4,}", expr) or re.search(r"factorial\(\d{4,}", expr):
         return None  # too large to evaluate in a claim's time
+    if re.search(r"(?:sin|cos|tan)\(+\d+\)", expr):
+        return None  # \sin 30, \cos(60): degrees without the sign, not radians
     return expr
 
 
@@ -381,13 +375,13 @@ def _split_top(math: str) -> list[str]:
 def _relations(math: str, previous: str | None) -> tuple[list[Relation], str | None]:
     """The relations of one math-mode span; ``previous`` is the last expression written before it (for a span
     opening with ``=``). Returns them and the last expression of this span."""
-    math = _words(gcd_lcm(mark_moduli(math)))
+    math = _words(cf.gcd_lcm(cf.mark_moduli(math.replace("&", " "))))  # (& = x^3 - x^2: an align line continues)
     out: list[Relation] = []
     last = previous
     for piece in _split_top(math):
         if not piece or not piece.strip():
             continue
-        piece, modulus = take_modulus(piece)
+        piece, modulus = cf.take_modulus(piece)
         parts, ops, pos = [], [], 0
         depth = 0
         for m in re.finditer(r"[(\[{]|[)\]}]|" + _REL.pattern, piece):
@@ -488,11 +482,11 @@ def extract(step: str, previous: str | None = None) -> tuple[list[Item], str | N
         lhs, rhs = to_expression(m.group(1)), to_expression(re.sub(r"(?<=\d)\s*x\s*(?=\d)", "*", m.group(2)))
         if lhs is not None and rhs is not None:
             items.append((m.start(), Relation(lhs, rhs, "=", m.group()[:200], "first", decimals=_decimals(m.group(1)))))
-    numbered = spans_as_numbers(step, spans)  # \(770 \div 333 = 2\) with a remainder of \(58\): plain
+    numbered = cf.spans_as_numbers(step, spans)  # \(770 \div 333 = 2\) with a remainder of \(58\): plain
     for m in _REMAINDER.finditer(numbered):
         a, b, q, r = (int(g.replace(",", "")) for g in m.groups())
         items.append((m.start(), Remainder(m.group()[:200], a, b, q, r)))
-    items += [(w.at, Arithmetic(w.text, w.holds)) for w in worded(numbered)]  # the gcd of a and b is c
+    items += [(w.at, Arithmetic(w.text, w.holds)) for w in cf.worded(numbered)]  # the gcd of a and b is c
     for line in text.split("\n"):
         for c in read_step(line).claims:
             if re.search(r"(?<![\d.])\d+\s*(?:÷|/)\s*\d+\s*=\s*" + re.escape(c.rhs) + r"\s*,?\s*(?:with|r\b|R\b|remainder)",

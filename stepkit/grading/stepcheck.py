@@ -66,6 +66,7 @@ SUBSTITUTE_CONDITIONS = False  # put definitions into a first link with symbols 
 ACROSS = True  # compare a linear equation with the previous step's too (else only within a step)
 LINEAR = True  # a linear equation in one variable must keep the root of the one before it
 RESTATE_EXEMPT = ("x", "y", "z")  # names a solution reuses for new curves (y = 2x + 3, then y = -x + 1)
+INEQUALITIES = True  # an inequality rewritten in the same step must give no stronger bound than the one before
 SIGN_SLIPS = True  # a rearranged polynomial equation with some terms' signs flipped is false
 FORMULAS = True  # a value named for a name with a formula is checked against it at the values given after it
 FORMULA_REACH = 3  # ... given at most this many claims before the value
@@ -252,6 +253,33 @@ def _congruence_follows(sp, a, b, m, memo: dict) -> bool | None:
         return None
     before = same[-1][3]
     return True if now == before else False if not now & before else None
+
+
+def _inequality_follows(sp, op: str, a, b, memo: dict) -> bool | None:
+    """An inequality with symbols against the latest one before it in the same step and case with the same
+    symbols: written ``g >= 0`` (``g`` the larger side minus the smaller), when the symbol terms of ``g`` are a
+    positive multiple ``c`` of the earlier one's, it is held when its constant is at least ``c`` times the
+    earlier constant (a rearrangement or a weaker bound: ``2n >= 12``, then ``n >= 6``) and failed when it is
+    less (a bound the earlier one does not give: ``1 >= ab + ac + bc``, then ``ab + ac + bc <= \\frac{1}{2}``);
+    else None. The same left side as the earlier one (``x > 0``, ``x > 2``: a list of cases) and a linear
+    inequality in one symbol (``m - 4 < 0`` and ``m + 8 < 0``: the bounds of an interval) are None."""
+    g = sp.expand(a - b if op in (">", ">=") else b - a)
+    where = memo.get("case", (0, 0))
+    same = [c for c in memo.setdefault("inequalities", []) if c[1] == where and c[0].free_symbols == g.free_symbols]
+    memo["inequalities"].append((g, where, a))
+    if not same or same[-1][2] == a or not g.free_symbols:
+        return None
+    if len(g.free_symbols) == 1 and sp.Poly(g, *g.free_symbols).total_degree() <= 1 if g.is_polynomial() else False:
+        return None  # (m - 4 < 0 and m + 8 < 0: bounds of an interval, listed, not derived)
+    old = same[-1][0]
+    cn, co = _constant_part(sp, g), _constant_part(sp, old)
+    c = _proportional(sp, sp.expand(g - cn), sp.expand(old - co))
+    if c is None or not c.is_positive or not (cn - c * co).is_number:
+        return None
+    diff = _number(sp, cn - c * co)
+    if diff is None or abs(diff.imag) > 1e-12:
+        return None
+    return diff.real >= -1e-12
 
 
 def _identity(sp, a, b, rng: random.Random) -> bool | None:
@@ -569,8 +597,15 @@ def _relation(S: _Sympy, r: Relation, defs: dict, conditions: list, rng: random.
         a2, b2 = a.subs(defs), b.subs(defs)
     free = a2.free_symbols | b2.free_symbols
     if not free:
-        return _numeric(sp, r.op, a2, b2, r.decimals, r.whole, r.rounded_input)
+        verdict = _numeric(sp, r.op, a2, b2, r.decimals, r.whole, r.rounded_input)
+        if verdict is False and (a2.has(sp.log) or b2.has(sp.log)):  # \log without a base: ln or log10
+            ten = lambda x: sp.log(x) / sp.log(10)  # noqa: E731
+            verdict = _numeric(sp, r.op, a2.replace(sp.log, ten), b2.replace(sp.log, ten), r.decimals, r.whole,
+                               r.rounded_input)
+        return verdict
     if r.op != "=":
+        if r.op in ("<", "<=", ">", ">=") and r.link == "first" and INEQUALITIES and memo is not None:
+            return _inequality_follows(sp, r.op, a2, b2, memo)
         return None
     same = _identity_or_imaginary(sp, a2, b2, rng)
     if same or r.link != "first":  # a simplification keeps its variables; an evaluation at unknown values
