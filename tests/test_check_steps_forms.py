@@ -149,3 +149,48 @@ def test_a_worded_base_conversion_fails(pb):
     (c,) = check_solution([pb["math-851"]["steps"][2]])
     assert c.failed == 1 and "10000" in c.failures[0]
     assert [w.holds for w in worded("so 1010 in base 2 is 10, and 12 in base 10 is 1100 in base 2")] == [True]
+
+
+def test_an_inequality_rewritten_to_a_stronger_bound_fails(pb):
+    r"""math-832 step 3 (the human first error, then the correct answer): 3 \ge 1 + 2(ab + ac + bc), 2 \ge 2(ab
+    + ac + bc), 1 \ge ab + ac + bc hold (rearrangements), then 'ab + ac + bc \le \frac{1}{2}' fails (no such
+    bound follows); bounds of an interval in one symbol (m - 4 < 0 and m + 8 < 0) are not compared."""
+    (c,) = check_solution([pb["math-832"]["steps"][3]])
+    assert c.failures == ["ab + ac + bc <= \\frac{1}{2}"] and c.held >= 3
+    (c,) = check_solution(["So \\(m - 4 < 0\\) and \\(m + 8 < 0\\), or \\(x > 0\\) and \\(x > 2\\)."])
+    assert c.failed == 0
+
+
+def test_functions_without_parentheses(pb, math500):
+    r"""\sin x, \sin^2 x, \log 2 are applications (sin(x), (sin(x))**2), never the symbol 'sinx'; \cos^{-1} and
+    a bare degree (\sin 30) are not read. MATH-500 #326 (sin^2 chains) holds; math-90 step 2 (the human first
+    error): (1)((\sin^2 x)^2 - \sin^2 x\cos^2 x + (\cos^2 x)^2) = 1 - 3\sin^2 x\cos^2 x + \sin^4 x + \cos^4 x
+    fails (it is 1 - \sin^2 x\cos^2 x ... with \sin^4 x + \cos^4 x once)."""
+    assert to_expression("2\\sin x\\cos x") == "2*sin(x)*cos(x)"
+    assert to_expression("\\sin^2 x + \\cos^2 x") == "(sin(x))**(2)+(cos(x))**(2)"
+    assert to_expression("\\cos^{-1}(0)") is None and to_expression("\\sin 30") is None
+    assert to_expression("\\sin x^2") is None  # sin(x^2) or sin(x)^2: not read
+    (c,) = check_solution([math500[326]["solution"]])
+    assert c.failed == 0 and c.held >= 5
+    (c,) = check_solution([pb["math-90"]["steps"][2]])
+    assert c.failed == 1 and c.failures[0].startswith("(1)((\\sin^2 x)^2")
+    (c,) = check_solution(["So \\(\\log 100 = 2\\) (base 10) and \\(\\log 100 = 3\\)."])  # \log: ln or log10
+    assert c.failures == ["\\log 100 = 3"] and c.held == 1
+
+
+def test_align_lines_continue_past_the_ampersand(pb):
+    r"""math-468 step 4 (the human first error): \begin{align*} x^2 + x^3 + 2x^2 - 3x^2 + 3x - 6 &= x^3 + (x^2 -
+    3x^2 + 2x^2) + 3x - 6 \\ &= x^3 + (-3x^2 + 2x^2) + 3x - 6 ... (an x^2 dropped): each '&=' line continues the
+    line before it."""
+    (c,) = check_solution([pb["math-468"]["steps"][4]])
+    assert c.failures == ["x^3 + (x^2 - 3x^2 + 2x^2) + 3x - 6 = x^3 + (-3x^2 + 2x^2) + 3x - 6"]
+
+
+def test_a_worded_function_value_fails(pb):
+    r"""math-663 step 3 (the human first error, then the correct answer): 'we take the ceiling of
+    \( \sqrt{60.8333} \), which is 7' (it is 8); math-860 (a correct solution): 'the cube root of 25 is
+    approximately 2.924' holds."""
+    (c,) = check_solution([pb["math-663"]["steps"][3]])
+    assert c.failed == 1 and "60.8333" in c.failures[0]
+    (c,) = check_solution([pb["math-860"]["steps"][0]])
+    assert c.failed == 0 and c.held >= 1

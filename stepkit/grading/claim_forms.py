@@ -155,6 +155,25 @@ def worded(text: str) -> list[Worded]:
     return out
 
 
+_OF = {"ceiling": "\\lceil {} \\rceil", "floor": "\\lfloor {} \\rfloor", "square root": "\\sqrt{{{}}}",
+       "cube root": "\\sqrt[3]{{{}}}", "absolute value": "\\left| {} \\right|", "factorial": "({})!"}
+_FUNCTION_OF = re.compile(r"\b(ceiling|floor|square root|cube root|absolute value|factorial) of\s*(?:\\\((.{1,80}?)\\\)|"
+                          r"\$([^$]{1,80})\$|(\d+(?:\.\d+)?)(?![\d.]))\s*,?\s*(?:which\s+)?(?:is|equals|=|gives)\s*"
+                          r"(approximately\s*)?(?:\\\(\s*(-?\d+(?:\.\d+)?)\s*\\\)|\$(-?\d+(?:\.\d+)?)\$|(-?\d+(?:\.\d+)?))"
+                          r"(?!\d|[.,]\d)")
+
+
+def function_of(step: str) -> list[tuple[int, str, str, str]]:
+    r"""Worded function values ``the ceiling of \( \sqrt{60.8333} \), which is 7``, ``the cube root of 25 is
+    approximately 2.924``: ``(where, the value as LaTeX, the result, "=" or "~")``."""
+    out = []
+    for m in _FUNCTION_OF.finditer(step):
+        arg = next(g for g in m.groups()[1:4] if g is not None)
+        result = next(g for g in m.groups()[5:8] if g is not None)
+        out.append((m.start(), _OF[m.group(1)].format(arg), result, "~" if m.group(5) else "="))
+    return out
+
+
 def spans_as_numbers(step: str, spans: list[tuple[int, int, str]]) -> str:
     r"""The step's text with every math span that is one number (``\(729\)``, ``$14.4$``) or one division of
     numbers (``\(770 \div 333 = 2\)``, for a remainder said after it) written plain and every other span as one

@@ -487,6 +487,9 @@ def extract(step: str, previous: str | None = None) -> tuple[list[Item], str | N
         a, b, q, r = (int(g.replace(",", "")) for g in m.groups())
         items.append((m.start(), Remainder(m.group()[:200], a, b, q, r)))
     items += [(w.at, Arithmetic(w.text, w.holds)) for w in cf.worded(numbered)]  # the gcd of a and b is c
+    for at, value, result, op in cf.function_of(step):  # the ceiling of \( \sqrt{60.8333} \), which is 7
+        items.append((at, Relation(to_expression(value), to_expression(result), op, f"{value} {op} {result}", "first",
+                                   decimals=_decimals(result), at=at)))
     for line in text.split("\n"):
         for c in read_step(line).claims:
             if re.search(r"(?<![\d.])\d+\s*(?:÷|/)\s*\d+\s*=\s*" + re.escape(c.rhs) + r"\s*,?\s*(?:with|r\b|R\b|remainder)",
