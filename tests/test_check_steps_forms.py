@@ -194,3 +194,31 @@ def test_a_worded_function_value_fails(pb):
     assert c.failed == 1 and "60.8333" in c.failures[0]
     (c,) = check_solution([pb["math-860"]["steps"][0]])
     assert c.failed == 0 and c.held >= 1
+
+
+def test_plus_minus_on_both_sides_is_two_claims(pb):
+    r"""math-21 step 3: x = \frac{-(-53) \pm \sqrt{(-53)^2 - 4(4)(221)}}{2(4)} = \frac{53 \pm \sqrt{169}}{8}
+    fails (the discriminant is -727); math-908 step 1 (a correct solution): \frac{-6 \pm \sqrt{42068}}{2} =
+    \frac{-6 \pm 205.1}{2} holds (a rounded input); a side with \pm beside one without is not parsed."""
+    (c,) = check_solution([pb["math-21"]["steps"][3]])
+    assert c.failures == ["\\frac{-(-53) \\pm \\sqrt{(-53)^2 - 4(4)(221)}}{2(4)} = \\frac{53 \\pm \\sqrt{169}}{8}"]
+    (c,) = check_solution([pb["math-908"]["steps"][1]])
+    assert c.failed == 0
+    (c,) = check_solution(["\\(\\frac{53 \\pm 13}{8} = 5\\)"])
+    assert (c.held, c.failed, c.not_parsed) == (0, 0, 1)
+
+
+def test_points_lists_and_factorials_of_groups(pb):
+    r"""math-291 step 1: the midpoint (\frac{5+7}{2},\frac{3+4}{2}) = (6, \frac{7}{2}) holds entry by entry;
+    math-293 step 0: (2 \cdot 1994, 2 \cdot 1994) = (3998, 3998) fails (3988); math-408 step 0: the list 1^2 =
+    1, 2^2 = 4, ... holds claim by claim; math-100 step 1 (the human first error): \frac{13!}{4!(13-4)!} is read
+    and the wrong cancellation after it fails."""
+    (c,) = check_solution([pb["math-291"]["steps"][1]])
+    assert (c.held, c.failed) == (1, 0)
+    (c,) = check_solution([pb["math-293"]["steps"][0]])
+    assert c.failures == ["(2 \\cdot 1994, 2 \\cdot 1994) = (3998, 3998)"]
+    (c,) = check_solution([pb["math-408"]["steps"][0]])
+    assert c.failed == 0 and c.held >= 10
+    assert to_expression("\\frac{13!}{4!(13-4)!}") == "((factorial(13))/(factorial(4)*factorial(13-4)))"
+    (c,) = check_solution([pb["math-100"]["steps"][1]])
+    assert c.failed >= 1 and c.held >= 3

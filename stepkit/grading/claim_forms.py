@@ -174,6 +174,16 @@ def function_of(step: str) -> list[tuple[int, str, str, str]]:
     return out
 
 
+def both_signs(part: str, read) -> tuple[str, str] | None:
+    r"""A side with ``\pm`` / ``\mp`` read twice by ``read`` (:func:`claims.to_expression`): ``(+ reading,
+    - reading)``, None when it has neither or a reading fails."""
+    if not re.search(r"\\(?:pm|mp)(?![A-Za-z])", part):
+        return None
+    plus = read(re.sub(r"\\pm(?![A-Za-z])", "+", re.sub(r"\\mp(?![A-Za-z])", "-", part)))
+    minus = read(re.sub(r"\\pm(?![A-Za-z])", "-", re.sub(r"\\mp(?![A-Za-z])", "+", part)))
+    return (plus, minus) if plus is not None and minus is not None else None
+
+
 def spans_as_numbers(step: str, spans: list[tuple[int, int, str]]) -> str:
     r"""The step's text with every math span that is one number (``\(729\)``, ``$14.4$``) or one division of
     numbers (``\(770 \div 333 = 2\)``, for a remainder said after it) written plain and every other span as one

@@ -52,13 +52,14 @@ class Relation:
             of its last place).
         whole: the left side divides (``\div``, ``÷``) and the right side is a whole number: an integer
             quotient (``2863 \div 1344 = 2``), which may be the exact value rounded down.
-        rounded_input: the left side holds a decimal (``(2.8284)^2 = 8``): its inputs were rounded, so the
-            claim holds within 1%.
+        rounded_input: the left side holds a decimal (``(2.8284)^2 = 8``), or the right side inside an
+            expression (``= \frac{-6 \pm 205.1}{2}``): its inputs were rounded, so the claim holds within 1%.
         at: where its math span starts in the step's text (-1: not set).
         call: a first link whose left side applies a one-letter function, ``f(2x + 1)``: ``(f, argument as a
             plain expression)``; the argument one variable (``f(x) = x^2 + 1``) defines ``f``, any other
             evaluates an earlier definition (a substitution: ``f(15) = 12(15) + 7``).
         modulus: the modulus (a plain expression) of a congruence ``op == "≡"`` (:mod:`.claim_forms`), else None.
+        minus: both sides have ``\pm``: ``lhs``/``rhs`` are the ``+`` reading and this the ``-`` one (both must hold).
     """
 
     lhs: str | None
@@ -73,6 +74,7 @@ class Relation:
     at: int = -1
     call: tuple[str, str] | None = None
     modulus: str | None = None
+    minus: tuple[str | None, str | None] | None = None
 
 
 @dataclass(frozen=True)
@@ -234,7 +236,7 @@ def to_expression(latex: str) -> str | None:
     s = _latex_structures(s)
     if s is None:
         return None
-    s = re.sub(r"(\d+)\s*!", r"factorial(\1)", s)
+    s = re.sub(r"\(([^()]*)\)\s*!", r"factorial(\1)", re.sub(r"(\d+)\s*!", r"factorial(\1)", s))  # (13 - 4)!
     if "!" in s:
         return None
 
@@ -369,7 +371,23 @@ def _split_top(math: str) -> list[str]:
         if depth <= 0 or m.group() != ",":
             out.append(math[pos:m.start()])
             pos = m.end()
-    return out + [math[pos:]]
+    out.append(math[pos:])
+    return [p for piece in out for p in _split_list(piece)]
+
+
+def _split_list(piece: str) -> list[str]:
+    """A piece cut at its commas outside brackets when the parts on both sides are relations (``1^2 = 1, 2^2 =
+    4``: a list); a tuple ``(6, \\frac{7}{2})`` or ``x = 1, 2`` stays whole."""
+    cuts, depth = [-1], 0
+    for i, ch in enumerate(piece):
+        depth += (ch in "([{") - (ch in ")]}")
+        if ch == "," and depth == 0:
+            cuts.append(i)
+    cuts.append(len(piece))
+    segs = [piece[a + 1:b] for a, b in zip(cuts, cuts[1:])]
+    if len(segs) < 2 or not all(_REL.search(g) for g in segs):
+        return [piece]
+    return segs
 
 
 def _relations(math: str, previous: str | None) -> tuple[list[Relation], str | None]:
@@ -409,6 +427,7 @@ def _relations(math: str, previous: str | None) -> tuple[list[Relation], str | N
             else:
                 parts[0] = last if last is not None else previous
         exprs = [to_expression(p) for p in parts]
+        both = [cf.both_signs(p, to_expression) for p in parts]  # (+, -) readings of a side with \pm, else None
         units = [_units(p) for p in parts]
         for k, op in enumerate(ops):
             left, right = _UNIT.sub(" ", parts[k]), _UNIT.sub(" ", parts[k + 1])
@@ -419,7 +438,10 @@ def _relations(math: str, previous: str | None) -> tuple[list[Relation], str | N
             link = "continued" if continued and k == 0 else "first" if k == 0 else "later"
             name = None
             m = _NAME.fullmatch(left)
-            if link == "first" and op == "=" and m:
+            signs = (both[k], both[k + 1]) if both[k] and both[k + 1] else None  # \pm on both sides: two claims
+            if signs:
+                exprs[k], exprs[k + 1] = signs[0][0], signs[1][0]
+            if link == "first" and op == "=" and m and not both[k + 1]:
                 name = m.group(1) + (f"_{m.group(2)}" if m.group(2) else "")
             call = None
             mc = _CALL.fullmatch(left) if link == "first" and op == "=" else None
@@ -428,8 +450,10 @@ def _relations(math: str, previous: str | None) -> tuple[list[Relation], str | N
                 call = (mc.group(1), arg) if arg is not None else None
             whole = bool(re.search(r"\\div|÷", left)) and bool(re.fullmatch(r"\s*\d+\s*\.?\s*", right))
             out.append(Relation(exprs[k], exprs[k + 1], op, f"{left.strip()} {op} {right.strip()}".replace("\x01", "[text]")[:200], link, name,
-                                _decimals(right), whole, bool(re.search(r"\d\.\d", left)), call=call,
-                                modulus=(to_expression(modulus) if modulus else None) if op == "≡" else None))
+                                _decimals(right), whole, bool(re.search(r"\d\.\d", left) or (  # (or inside the right side)
+                                    re.search(r"\d\.\d", right) and not _decimals(right))), call=call,
+                                modulus=(to_expression(modulus) if modulus else None) if op == "≡" else None,
+                                minus=(signs[0][1], signs[1][1]) if signs else None))
         last = parts[-1] if parts[-1].strip() else last
     return out, last
 
