@@ -32,7 +32,7 @@ correct 2 -> 4 of 38. gsm8k combined unchanged: held-out 60.3, tuning 64.4. Targ
 five outcome-blind rows: not met on the held-out half.
 
 Third round (congruences, bases, gcd/lcm, worded gcd/rounding/base/function claims, formulas at values just
-given, congruences and inequalities rewritten, terms moved with their sign kept, case-scoped values, \pm, tuples,
+given, congruences and inequalities rewritten, terms moved with their sign kept, case-scoped values, plus-minus, tuples,
 functions without parentheses; tuned on the even half, the held-out half scored once with the final code):
 math held-out F1 33.4 -> 35.7, hits 60 -> 65 against 45.0 from the flag (P 0.0083 -> 0.00073); claims alone
 31.1 -> 33.9 (55 -> 61 hits); rows with a gold answer 28.2 -> 29.8; an error, then the correct answer: 5 -> 5
