@@ -231,7 +231,7 @@ def test_a_reversed_plain_text_product_is_checked(pb_math):
     """math-375 step 5 (the human first error): 'the GCD of 187 and 77 is 13 because 187 = 13 * 14 and
     77 = 13 * 5 + 2' (13 * 14 is 182, 13 * 5 + 2 is 67); '2 / 20 = 1 / 10' is one claim, not 20 = 1 / 10."""
     (c,) = check_solution([step(pb_math, "math-375", 5)])
-    assert c.failures == ["187 = 13 * 14", "77 = 13 * 5 + 2"]
+    assert c.failures == ["GCD of 187 and 77 is 13", "187 = 13 * 14", "77 = 13 * 5 + 2"]  # (the gcd is 11)
     (c,) = check_solution(["Probability = 2 / 20 = 1 / 10."])
     assert c.failed == 0
     # gsm8k-304 step 2 and gsm8k-258 step 1 (correct): thousands separators and dollar amounts are not cut

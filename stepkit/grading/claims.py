@@ -13,12 +13,12 @@ verification (each step's own mathematics checked by a math tool) on the forms M
 * an **arithmetic claim** ``a op b = c`` of plain text outside math mode, as ``clue score`` reads them
   (:func:`stepkit.grading.clues.read_step`, exact rationals);
 * a **division with remainder** ``1529 ÷ 6 = 255 with a remainder of 4`` (checked as ``a = b q + r``,
-  ``0 <= r < b``).
+  ``0 <= r < b``); congruences, numbers in a base, gcd/lcm and worded claims: :mod:`.claim_forms`.
 
 Each side is turned into a plain expression (:func:`to_expression`: ``\frac{a}{b}`` -> ``((a)/(b))``,
 ``\sqrt`` -> ``sqrt``, ``^`` -> ``**``, implicit products made explicit, decimals as exact fractions) over a
 small closed vocabulary: numbers, one-letter variables (with a subscript: ``a_3``), ``pi``, ``sqrt``, ``sin``,
-``cos``, ``tan``, ``log``, ``exp``, ``binomial``, ``factorial``, ``floor``, ``ceiling``. Anything else (an
+``cos``, ``tan``, ``log``, ``exp``, ``binomial``, ``factorial``, ``floor``, ``ceiling``, ``gcd``, ``lcm``. Anything else (an
 unknown command, ``\pm``, a function application ``f(2)``, ``|x|``, sets, degrees inside a trigonometric
 function, percent, a word) makes the side ``None``: **not parsed**, which the checker never counts as an
 error. Linear in the text; raises nothing on odd text.
@@ -29,12 +29,13 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, replace
 
+from stepkit.grading import claim_forms as cf
 from stepkit.grading.clues import read_step
 
-FUNCTIONS = ("sqrt", "sin", "cos", "tan", "log", "exp", "binomial", "factorial", "floor", "ceiling", "abs")
+FUNCTIONS = ("sqrt", "sin", "cos", "tan", "log", "exp", "binomial", "factorial", "floor", "ceiling", "abs", "gcd", "lcm")
 RELATIONS = {"=": "=", "<": "<", ">": ">", "\\le": "<=", "\\leq": "<=", "\\ge": ">=", "\\geq": ">=",
              "\\ne": "!=", "\\neq": "!=", "\\approx": "~", "≈": "~", "≤": "<=", "≥": ">=", "≠": "!=",
-             "\\leqslant": "<=", "\\geqslant": ">="}
+             "\\leqslant": "<=", "\\geqslant": ">=", "\\equiv": "≡"}
 
 
 @dataclass(frozen=True)
@@ -51,12 +52,14 @@ class Relation:
             of its last place).
         whole: the left side divides (``\div``, ``÷``) and the right side is a whole number: an integer
             quotient (``2863 \div 1344 = 2``), which may be the exact value rounded down.
-        rounded_input: the left side holds a decimal (``(2.8284)^2 = 8``): its inputs were rounded, so the
-            claim holds within 1%.
+        rounded_input: the left side holds a decimal (``(2.8284)^2 = 8``), or the right side inside an
+            expression (``= \frac{-6 \pm 205.1}{2}``): its inputs were rounded, so the claim holds within 1%.
         at: where its math span starts in the step's text (-1: not set).
         call: a first link whose left side applies a one-letter function, ``f(2x + 1)``: ``(f, argument as a
             plain expression)``; the argument one variable (``f(x) = x^2 + 1``) defines ``f``, any other
             evaluates an earlier definition (a substitution: ``f(15) = 12(15) + 7``).
+        modulus: the modulus (a plain expression) of a congruence ``op == "≡"`` (:mod:`.claim_forms`), else None.
+        minus: both sides have ``\pm``: ``lhs``/``rhs`` are the ``+`` reading and this the ``-`` one (both must hold).
     """
 
     lhs: str | None
@@ -70,6 +73,8 @@ class Relation:
     rounded_input: bool = False
     at: int = -1
     call: tuple[str, str] | None = None
+    modulus: str | None = None
+    minus: tuple[str | None, str | None] | None = None
 
 
 @dataclass(frozen=True)
@@ -107,7 +112,7 @@ _SPLIT = re.compile(r"\\(?:text|mbox|mathrm)\s*\{\s*(?:and|or|so|thus|hence|then
                     r"gives|and so|which gives|we get|or|is)\s*,?\s*\}|\\q?quad|\\implies|\\Rightarrow|\\Longrightarrow|"
                     r"\\rightarrow|\\to\b|\\iff|\\therefore|\\because|\\\\|(?<=[^\d\s]),|,(?=\s*[A-Za-z\\])|;|"
                     r"\\(?:text|mathrm)\{\s*(?:and|or|so|thus)\s*\}|\band\b|\bor\b")
-_REL = re.compile(r"\\(?:leqslant|geqslant|leq|geq|le|ge|neq|ne|approx)(?![A-Za-z])|[=<>≈≤≥≠]")
+_REL = re.compile(r"\\(?:leqslant|geqslant|leq|geq|le|ge|neq|ne|approx|equiv)(?![A-Za-z])|[=<>≈≤≥≠]")
 _THOUSANDS = re.compile(r"(?<=\d)(?:,\\!|\{,\}|,\\,|\\,|,)(?=\d{3}(?!\d))")
 _DROP = re.compile(r"\\left|\\right|\\bigl|\\bigr|\\Bigl|\\Bigr|\\big|\\Big|\\displaystyle|\\[,;:! ]|&|\\limits")
 _UNITS = re.compile(r"\\(?:text|mathrm|textbf|mbox|operatorname)\s*\{[^{}]*\}")
@@ -117,7 +122,7 @@ _REFUSE = re.compile(r"\\(?:pm|mp|infty|in|notin|cup|cap|sum|prod|int|lim|vec|ov
 _TOKEN = re.compile(r"\s*(?:(\d+\.\d*|\.\d+|\d+)|([A-Za-z]+(?:_\d+)?)|(\*\*|[-+*/(),]))")
 _LATEX_FUNCS = {"sin": "sin", "cos": "cos", "tan": "tan", "log": "log", "ln": "log", "exp": "exp", "pi": "pi",
                 "sqrt": "sqrt", "cdot": "*", "times": "*", "div": "/", "ast": "*", "lfloor": "floor(",
-                "rfloor": ")", "lceil": "ceiling(", "rceil": ")"}
+                "rfloor": ")", "lceil": "ceiling(", "rceil": ")", "gcd": "gcd"}
 
 
 def _braced(s: str, i: int) -> tuple[str, int] | None:
@@ -201,66 +206,15 @@ def _unbox(s: str) -> str:
         s = s[:m.start()] + "{" + g[0] + "}" + s[g[1]:]
 
 
-def _bars(s: str) -> str | None:
-    r"""Absolute values ``\left| x \right|``, ``|x|`` (one pair) as ``abs(x)``; a norm ``\|`` or more bars than
-    one pair outside ``\left \right``: None."""
-    if s is None or "\\|" in s:
-        return None
-    s = re.sub(r"\\left\s*\||\\lvert", " abs(", s)
-    s = re.sub(r"\\right\s*\||\\rvert", ") ", s)
-    if s.count("|") == 2:
-        i = s.index("|")
-        j = s.index("|", i + 1)
-        s = s[:i] + " abs(" + s[i + 1:j] + ") " + s[j + 1:]
-    return None if "|" in s else s
-
-
-_LOG = re.compile(r"\\log_\s*(\{[^{}]*\}|\d+|[A-Za-z])\s*")
-
-
-def _logs(s: str) -> str | None:
-    r"""``\log_b x`` as ``(log(x)/log(b))``: the argument a brace group, a parenthesised group, a number or one
-    letter (not followed by ``^``: ``\log_2 x^3`` is ambiguous); None for any other."""
-    while True:
-        m = _LOG.search(s)
-        if not m:
-            return s
-        base = m.group(1).strip("{}")
-        i = m.end()
-        j = None
-        if s.startswith("\\left(", i) or s.startswith("(", i) or s.startswith("{", i):
-            opener = "{" if s[i] == "{" else "("
-            closer = "}" if opener == "{" else ")"
-            depth = 0
-            for k in range(i, len(s)):
-                depth += s[k] == opener
-                depth -= s[k] == closer
-                if depth == 0 and s[k] == closer:
-                    j = k + 1
-                    break
-            if j is None:
-                return None
-            arg = s[i:j]
-            if opener == "{":
-                arg = "(" + arg[1:-1] + ")"
-        else:
-            a = re.match(r"\d+(?:\.\d+)?|[A-Za-z](?![A-Za-z])", s[i:])
-            if not a or s[i + a.end():].lstrip().startswith("^"):
-                return None
-            j = i + a.end()
-            arg = a.group()
-        s = s[:m.start()] + "{\\log(" + arg + ")/\\log(" + base + ")}" + s[j:]
-
-
 def to_expression(latex: str) -> str | None:
     r"""A side of a relation (LaTeX or plain) as a plain expression over the closed vocabulary of the module
     docstring, with every product explicit (``2x(x+1)`` -> ``2*x*(x+1)``) and every decimal an exact
     fraction (``0.75`` -> ``(75/100)``); None when any part of it is outside that vocabulary."""
-    s = _unbox(latex.strip()).rstrip(".,;:").strip()
+    s = cf.based_numbers(_unbox(latex.strip()).rstrip(".,;:").strip())
     s = _UNIT.sub(" ", s).strip()
-    if not s or len(s) > 400 or "\x01" in s or s[0] in "+*/^" or s[-1] in "+-*/^":
+    if not s or len(s) > 400 or "\x01" in s or "\x00" in s or s[0] in "+*/^" or s[-1] in "+-*/^":
         return None  # a word, or a part cut out of a longer expression
-    s = _bars(_logs(s)) if "|" in s or "\\log_" in s else s
+    s = cf.bars(cf.logs(s)) if "|" in s or "\\log_" in s else s
     if s is None:
         return None
     if _REFUSE.search(s) or re.search(r"[A-Za-z]\s*\^\s*\{\s*-\s*1\s*\}\s*\(", s):
@@ -282,7 +236,7 @@ def to_expression(latex: str) -> str | None:
     s = _latex_structures(s)
     if s is None:
         return None
-    s = re.sub(r"(\d+)\s*!", r"factorial(\1)", s)
+    s = re.sub(r"\(([^()]*)\)\s*!", r"factorial(\1)", re.sub(r"(\d+)\s*!", r"factorial(\1)", s))  # (13 - 4)!
     if "!" in s:
         return None
 
@@ -331,6 +285,7 @@ def _explicit(s: str) -> str | None:
                     toks.append(("name", ch))
         else:
             toks.append(("op", op))
+    toks = cf.applied(toks)
     if not toks:
         return None
     out = []
@@ -349,6 +304,8 @@ def _explicit(s: str) -> str | None:
     expr = "".join(out)
     if re.search(r"\*\*\s*\(?\s*\d{4,}", expr) or re.search(r"factorial\(\d{4,}", expr):
         return None  # too large to evaluate in a claim's time
+    if re.search(r"(?:sin|cos|tan)\(+\d+\)", expr):
+        return None  # \sin 30, \cos(60): degrees without the sign, not radians
     return expr
 
 
@@ -405,15 +362,44 @@ def _balanced(s: str) -> bool:
     return depth == 0
 
 
+def _split_top(math: str) -> list[str]:
+    r"""``math`` cut at the separators of ``_SPLIT`` outside brackets (``\gcd(p(41), p(42))`` stays whole)."""
+    out, pos, depth, at = [], 0, 0, 0
+    for m in _SPLIT.finditer(math):
+        depth += sum((ch in "([{") - (ch in ")]}") for ch in math[at:m.start()])
+        at = m.start()
+        if depth <= 0 or m.group() != ",":
+            out.append(math[pos:m.start()])
+            pos = m.end()
+    out.append(math[pos:])
+    return [p for piece in out for p in _split_list(piece)]
+
+
+def _split_list(piece: str) -> list[str]:
+    """A piece cut at its commas outside brackets when the parts on both sides are relations (``1^2 = 1, 2^2 =
+    4``: a list); a tuple ``(6, \\frac{7}{2})`` or ``x = 1, 2`` stays whole."""
+    cuts, depth = [-1], 0
+    for i, ch in enumerate(piece):
+        depth += (ch in "([{") - (ch in ")]}")
+        if ch == "," and depth == 0:
+            cuts.append(i)
+    cuts.append(len(piece))
+    segs = [piece[a + 1:b] for a, b in zip(cuts, cuts[1:])]
+    if len(segs) < 2 or not all(_REL.search(g) for g in segs):
+        return [piece]
+    return segs
+
+
 def _relations(math: str, previous: str | None) -> tuple[list[Relation], str | None]:
     """The relations of one math-mode span; ``previous`` is the last expression written before it (for a span
     opening with ``=``). Returns them and the last expression of this span."""
-    math = _words(math)
+    math = _words(cf.gcd_lcm(cf.mark_moduli(math.replace("&", " "))))  # (& = x^3 - x^2: an align line continues)
     out: list[Relation] = []
     last = previous
-    for piece in _SPLIT.split(math):
+    for piece in _split_top(math):
         if not piece or not piece.strip():
             continue
+        piece, modulus = cf.take_modulus(piece)
         parts, ops, pos = [], [], 0
         depth = 0
         for m in re.finditer(r"[(\[{]|[)\]}]|" + _REL.pattern, piece):
@@ -429,6 +415,7 @@ def _relations(math: str, previous: str | None) -> tuple[list[Relation], str | N
                 ops.append(RELATIONS.get(ch, "=") if ch != "=" or piece[m.start() - 1:m.start()] not in "<>" else "=")
                 pos = m.end()
         parts.append(piece[pos:])
+        ops = ["≡" if modulus is not None and op == "=" else op for op in ops]  # an equality modulo m
         if not ops:
             if piece.strip():
                 last = piece
@@ -440,6 +427,7 @@ def _relations(math: str, previous: str | None) -> tuple[list[Relation], str | N
             else:
                 parts[0] = last if last is not None else previous
         exprs = [to_expression(p) for p in parts]
+        both = [cf.both_signs(p, to_expression) for p in parts]  # (+, -) readings of a side with \pm, else None
         units = [_units(p) for p in parts]
         for k, op in enumerate(ops):
             left, right = _UNIT.sub(" ", parts[k]), _UNIT.sub(" ", parts[k + 1])
@@ -450,7 +438,10 @@ def _relations(math: str, previous: str | None) -> tuple[list[Relation], str | N
             link = "continued" if continued and k == 0 else "first" if k == 0 else "later"
             name = None
             m = _NAME.fullmatch(left)
-            if link == "first" and op == "=" and m:
+            signs = (both[k], both[k + 1]) if both[k] and both[k + 1] else None  # \pm on both sides: two claims
+            if signs:
+                exprs[k], exprs[k + 1] = signs[0][0], signs[1][0]
+            if link == "first" and op == "=" and m and not both[k + 1]:
                 name = m.group(1) + (f"_{m.group(2)}" if m.group(2) else "")
             call = None
             mc = _CALL.fullmatch(left) if link == "first" and op == "=" else None
@@ -459,7 +450,10 @@ def _relations(math: str, previous: str | None) -> tuple[list[Relation], str | N
                 call = (mc.group(1), arg) if arg is not None else None
             whole = bool(re.search(r"\\div|÷", left)) and bool(re.fullmatch(r"\s*\d+\s*\.?\s*", right))
             out.append(Relation(exprs[k], exprs[k + 1], op, f"{left.strip()} {op} {right.strip()}".replace("\x01", "[text]")[:200], link, name,
-                                _decimals(right), whole, bool(re.search(r"\d\.\d", left)), call=call))
+                                _decimals(right), whole, bool(re.search(r"\d\.\d", left) or (  # (or inside the right side)
+                                    re.search(r"\d\.\d", right) and not _decimals(right))), call=call,
+                                modulus=(to_expression(modulus) if modulus else None) if op == "≡" else None,
+                                minus=(signs[0][1], signs[1][1]) if signs else None))
         last = parts[-1] if parts[-1].strip() else last
     return out, last
 
@@ -488,9 +482,11 @@ def extract(step: str, previous: str | None = None) -> tuple[list[Item], str | N
     plain, pos = [], 0
     last = previous
     bare = None  # the previous span when it was a bare expression: (its body, where it ends, where it starts)
+    spans = []
     for m in _MATH.finditer(step):
         plain.append(step[pos:m.start()])
         body = next(g for g in (m.group(1), m.group(2), m.group(3), m.group(4), m.group(6)) if g is not None)
+        spans.append((m.start(), m.end(), body))
         said = bare is not None and _SAID.fullmatch(step[bare[1]:m.start()]) and \
             _SAID_END.match(step[m.end():m.end() + 12]) and not _OPERAND.search(step[max(0, bare[2] - 30):bare[2]])
         if said and not _REL.search(body):  # \(4(x^2 + \frac{1}{2}x)\) equals \((2x + \frac{1}{4})^2\)
@@ -510,9 +506,14 @@ def extract(step: str, previous: str | None = None) -> tuple[list[Item], str | N
         lhs, rhs = to_expression(m.group(1)), to_expression(re.sub(r"(?<=\d)\s*x\s*(?=\d)", "*", m.group(2)))
         if lhs is not None and rhs is not None:
             items.append((m.start(), Relation(lhs, rhs, "=", m.group()[:200], "first", decimals=_decimals(m.group(1)))))
-    for m in _REMAINDER.finditer(text):
+    numbered = cf.spans_as_numbers(step, spans)  # \(770 \div 333 = 2\) with a remainder of \(58\): plain
+    for m in _REMAINDER.finditer(numbered):
         a, b, q, r = (int(g.replace(",", "")) for g in m.groups())
         items.append((m.start(), Remainder(m.group()[:200], a, b, q, r)))
+    items += [(w.at, Arithmetic(w.text, w.holds)) for w in cf.worded(numbered)]  # the gcd of a and b is c
+    for at, value, result, op in cf.function_of(step):  # the ceiling of \( \sqrt{60.8333} \), which is 7
+        items.append((at, Relation(to_expression(value), to_expression(result), op, f"{value} {op} {result}", "first",
+                                   decimals=_decimals(result), at=at)))
     for line in text.split("\n"):
         for c in read_step(line).claims:
             if re.search(r"(?<![\d.])\d+\s*(?:÷|/)\s*\d+\s*=\s*" + re.escape(c.rhs) + r"\s*,?\s*(?:with|r\b|R\b|remainder)",

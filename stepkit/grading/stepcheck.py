@@ -20,7 +20,7 @@ A claim ends in one of three outcomes:
 
 Context: a first link ``v = <number>`` (``a = -6``, ``n = 107``) defines ``v`` for the later links of every
 later chain of the solution (a substitution: ``A = \pi r^2 = 9\pi`` after ``r = 3``), until a step defines
-``v`` again. A value a step names is checked against the equations in ``v`` the same step wrote before it:
+``v`` again; one inside a case (``Second, if \gcd(y, 6) = 2``) only for the rest of that case. A value a step names is checked against the equations in ``v`` the same step wrote before it:
 it must solve one of them (a case split ``x - 8 = \pm 12`` gives two). Which links are claims about symbols (must be
 identities) and which are conditions:
 
@@ -32,12 +32,21 @@ identities) and which are conditions:
   ``x = 3`` is a new equation, not a claim about 3): held when it is an identity;
   else it is compared with the earlier conditions in the same symbols (:func:`_follows`: held when a
   rearrangement of one; failed when, in one variable with rational polynomial sides, it shares no root with
-  any, or when it has the latest one's symbol terms with another constant, a term moved wrongly; inside a
-  case, ``if``/``suppose``/``for n = 4``, only the case's own conditions count); else not parsed. It is
-  remembered, so that a value the step then names (``y = \frac{4}{7}``) is checked against it.
+  any, or when it has the latest one's symbol terms with another constant, a term moved wrongly, or the
+  same monomials, three or more and one of degree 2 or more, with some terms' signs flipped, a term moved
+  across with its sign kept, :func:`_sign_slip`; inside a case, ``if``/``suppose``/``for n = 4``, only the
+  case's own conditions count); else not parsed. It is remembered, so that a value the step then names
+  (``y = \frac{4}{7}``) is checked against it.
 * ``f(x) = <body>`` defines a one-letter function (also from the problem text); ``f(2) = ..`` evaluates it.
   A name restated in a later step with another symbolic value (``c = 2d``, then ``c = \frac{1}{2}d``) must
-  be an identity (not inside a case; ``x``, ``y``, ``z`` exempt).
+  be an identity (not inside a case; ``x``, ``y``, ``z`` exempt). A name with a formula (``x = (120 -
+  k^2)^2``, outside a case) given a number once every symbol of the formula got a value after it (``If k =
+  9, then x = 961``) must be the formula's value there (:func:`_formula`).
+* congruences (:mod:`stepkit.grading.claim_forms`): numeric ones exactly (integers only: ``3^{-1}`` is an
+  inverse, not parsed); one in one symbol is compared with the latest before it in the same symbol and
+  modulus by their residues (:func:`_congruence_follows`: held when the same, failed when they share none,
+  ``2n \equiv -10 \implies 2n \equiv 1 \pmod 3``; a list of residues, ``n \equiv 1`` or ``n \equiv 2``, is
+  no derivation). ``gcd``/``lcm`` evaluate on integers only.
 """
 
 from __future__ import annotations
@@ -50,6 +59,15 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from stepkit.grading.claims import Arithmetic, Relation, Remainder, extract
+from stepkit.grading.stepcheck_rules import (
+    _congruence_follows,
+    _congruent,
+    _constant_part,
+    _inequality_follows,
+    _number,
+    _proportional,
+    _sign_slip,
+)
 
 POINTS = 3
 SOLVED = True  # check a named value against the equation its step wrote before it
@@ -57,6 +75,11 @@ SUBSTITUTE_CONDITIONS = False  # put definitions into a first link with symbols 
 ACROSS = True  # compare a linear equation with the previous step's too (else only within a step)
 LINEAR = True  # a linear equation in one variable must keep the root of the one before it
 RESTATE_EXEMPT = ("x", "y", "z")  # names a solution reuses for new curves (y = 2x + 3, then y = -x + 1)
+INEQUALITIES = True  # an inequality rewritten in the same step must give no stronger bound than the one before
+SIGN_SLIPS = True  # a rearranged polynomial equation with some terms' signs flipped is false
+FORMULAS = True  # a value named for a name with a formula is checked against it at the values given after it
+FORMULA_REACH = 3  # ... given at most this many claims before the value
+CASE_SCOPE = True  # a value given inside a case (if, suppose, for n = 4) is a definition in that case only
 SCOPE = "solution"  # where a definition holds: "solution" (later steps too), "step" (its own step), "none"
 _TINY = 1e-25
 
@@ -117,7 +140,20 @@ class _Sympy:
         self.names = {"abs": sympy.Abs, "sqrt": sympy.sqrt, "sin": sympy.sin, "cos": sympy.cos, "tan": sympy.tan, "log": sympy.log,
                       "exp": sympy.exp, "binomial": sympy.binomial, "factorial": sympy.factorial,
                       "floor": sympy.floor, "ceiling": sympy.ceiling, "pi": sympy.pi, "Integer": sympy.Integer,
-                      "Rational": sympy.Rational, "Symbol": sympy.Symbol, "Float": sympy.Float}
+                      "Rational": sympy.Rational, "Symbol": sympy.Symbol, "Float": sympy.Float,
+                      "gcd": self._integers(sympy, sympy.igcd), "lcm": self._integers(sympy, sympy.ilcm)}
+
+    @staticmethod
+    def _integers(sympy, f):
+        """``f`` (igcd, ilcm) of two or more integers; anything else raises TypeError (the side is not parsed)."""
+        def g(*args):
+            if len(args) < 2 or not all(getattr(a, "is_Integer", False) for a in args):
+                raise TypeError("gcd/lcm of integers only")
+            out = args[0]
+            for a in args[1:]:
+                out = f(out, a)
+            return sympy.Integer(out)
+        return g
 
     def parse(self, expr: str | None):
         """The sympy expression of a plain expression from :func:`claims.to_expression`, None if it fails."""
@@ -146,14 +182,6 @@ def _sympy() -> _Sympy:
     if _SYMPY is None:
         _SYMPY = _Sympy()
     return _SYMPY
-
-
-def _number(sp, x) -> complex | None:
-    try:
-        v = complex(sp.N(x, 40))
-    except (TypeError, ValueError, OverflowError, ZeroDivisionError):
-        return None
-    return v if v == v and abs(v) != float("inf") else None
 
 
 def _numeric(sp, op: str, a, b, decimals: int, whole: bool = False, rough: bool = False) -> bool | None:
@@ -236,6 +264,7 @@ def check_solution(steps: list[str], timeout: float = 2.0, seed: int = 0, proble
     rng = random.Random(seed)
     defs: dict = {}
     symbolic: dict = {}  # the latest symbolic value of each name (R = 225000 + 4000n - 50n^2)
+    memo: dict = {"tick": 0, "formula": {}, "at": {}}  # formulas (x = (120 - k^2)^2) and when each name got a value
     funcs: dict = {}  # one-letter functions the solution defined: name -> (variable, body)
     for it in extract(problem)[0] if problem else []:
         if isinstance(it, Relation) and it.call is not None:
@@ -247,6 +276,7 @@ def check_solution(steps: list[str], timeout: float = 2.0, seed: int = 0, proble
                 pass
     problem_funcs = dict(funcs)
     last_equation: list = []  # the solution's conditions, oldest first: (condition, step, case within the step)
+    case_defs: dict = {}  # the names given a value inside a case: name -> (step, case)
     out = []
     previous = None
     for step in steps:
@@ -254,6 +284,7 @@ def check_solution(steps: list[str], timeout: float = 2.0, seed: int = 0, proble
         items, previous = extract(step, previous)
         if SCOPE != "solution":
             defs, funcs, symbolic = {}, dict(problem_funcs), {}
+            memo = {"tick": memo["tick"], "formula": {}, "at": {}}
         conditions = []  # this step's equations, which a value it names may solve
         cases = [m.start() for m in _CASE.finditer(step)]  # where a case opens (if, suppose, for n = 4, ...)
         if not ACROSS:
@@ -266,15 +297,24 @@ def check_solution(steps: list[str], timeout: float = 2.0, seed: int = 0, proble
             # inside a case, a condition follows only from the conditions of the same case
             history = [c for c, s, k in last_equation if not case or (s == len(out) and k == case)]
             before = len(conditions)
+            where = (len(out), case)
+            for k in [k for k, w in case_defs.items() if w != where] if CASE_SCOPE else ():
+                defs.pop(k, None)  # a value given inside a case holds in that case only
+                del case_defs[k]
+            snapshot = dict(defs)
             try:
                 with _time_limit(timeout):
+                    memo["tick"] += 1
+                    memo["case"] = where
                     verdict = _relation(S, it, defs, conditions, rng, history, funcs, None if case else symbolic,
-                                        len(out))
+                                        len(out), memo)
             except ClaimTimeout:
                 verdict = None
             except (TypeError, ValueError, ZeroDivisionError, RecursionError, OverflowError, AttributeError):
                 verdict = None
             last_equation += [(c, len(out), case) for c in conditions[before:]]
+            if case:
+                case_defs.update({k: where for k, v in defs.items() if snapshot.get(k) is not v})
             if verdict == "skip":
                 continue
             _count(res, verdict, it.text)
@@ -292,19 +332,6 @@ def _count(res: StepCheck, verdict, text: str) -> None:
         res.not_parsed += 1
 
 
-def _constant_part(sp, e):
-    """The terms of the expanded ``e`` without a free symbol (``x^2 + 4x - 5`` -> -5; radicals kept)."""
-    return sp.Add(*[t for t in sp.Add.make_args(e) if not t.free_symbols])
-
-
-def _proportional(sp, dn, do):
-    """The number ``c`` with ``dn = c * do`` (both expanded), or None when there is none."""
-    if do == 0 or dn == 0:
-        return None
-    c = sp.cancel(dn / do)
-    return c if c.is_number and c != 0 else None
-
-
 def _rational_poly(sp, e, x):
     """The numerator of ``e`` (one free symbol ``x``) as a polynomial over the rationals of degree 1..12, or
     None (radicals in the coefficients, a symbol under a root, too high a degree)."""
@@ -317,7 +344,7 @@ def _rational_poly(sp, e, x):
 
 
 _CASE = re.compile(r"\b(?:if|case|cases|suppose|assume|assuming|when|either|otherwise|alternatively|try|trying)\b|"
-                   r"\bfor\s+(?:\\\(|\$)[^$)]*=", re.I)
+                   r"\bfor\s+(?:\\\(|\$)[^$)]*(?:=|\\equiv)", re.I)
 
 
 def _follows(sp, new, history: list) -> bool | None:
@@ -361,7 +388,7 @@ def _follows(sp, new, history: list) -> bool | None:
     cn, co = _constant_part(sp, dn), _constant_part(sp, do)
     c = _proportional(sp, sp.expand(dn - cn), sp.expand(do - co))
     if c is None:
-        return None
+        return False if SIGN_SLIPS and _sign_slip(sp, dn, do) else None
     return _numeric(sp, "=", cn, c * co, 0)
 
 
@@ -392,18 +419,86 @@ def _call(S: _Sympy, r: Relation, funcs: dict, rng: random.Random):
     return _identity_or_imaginary(sp, value, b, rng)
 
 
+def _formula(sp, r: Relation, value, defs: dict, memo: dict) -> bool | None:
+    """A value named for a name with a formula (``x = (120 - k^2)^2``, outside a case) when every symbol of the
+    formula got its value after the formula was written, in this step and at most ``FORMULA_REACH`` claims
+    before this one (``If k = 9, then x = 961``): whether the formula at those values gives it (None: no such formula, or it
+    does not evaluate to a number)."""
+    formula = memo["formula"].get(r.name)  # (None: the name's latest formula was written inside a case)
+    if formula is None or not formula[0].free_symbols:
+        return None
+    body, written = formula
+    step = memo["case"][0]
+    if not all(written < memo["at"].get(s, (-1, -1))[0] >= memo["tick"] - FORMULA_REACH and memo["at"][s][1] == step
+               and s in defs for s in body.free_symbols):
+        return None  # (values given long before the claim belong to something else: a = 1, b = 6 of a quadratic)
+    v = body.subs(defs)
+    rough = r.rounded_input or bool(re.search(r"\d\.\d", r.text.partition(" = ")[2]))  # (y = \frac{199.1}{2})
+    return None if v.free_symbols else _numeric(sp, "=", v, value, r.decimals, rough=rough)
+
+
+def _points(S: _Sympy, r: Relation, defs: dict):
+    """Two tuples of numbers (a midpoint ``(\\frac{5+7}{2}, \\frac{3+4}{2}) = (6, \\frac{7}{2})``), compared
+    entry by entry; None when a side is a tuple of anything else or their lengths differ; ``"no tuple"``
+    when a side is no tuple (the relation is read as usual)."""
+    sides = []
+    for expr in (r.lhs, r.rhs):
+        try:
+            out = S.parse_expr(expr, global_dict=dict(S.names), local_dict={}, evaluate=True)
+        except (SyntaxError, TypeError, ValueError, ZeroDivisionError, AttributeError, TokenError_, RecursionError,
+                OverflowError, MemoryError):
+            return None
+        if not isinstance(out, (tuple, S.sp.Tuple)):
+            return "no tuple"  # (\\gcd(41^2, 41 \\cdot 43): the commas of a function's arguments)
+        if not all(isinstance(v, S.sp.Expr) for v in out):
+            return None
+        sides.append([v.subs(defs) for v in out])
+    if len(sides[0]) != len(sides[1]) or any(v.free_symbols for side in sides for v in side):
+        return None
+    verdicts = [_numeric(S.sp, "=", x, y, 0, rough=r.rounded_input) for x, y in zip(*sides)]
+    return None if None in verdicts else all(verdicts)
+
+
+def _both_signs(S: _Sympy, r: Relation, defs: dict, rng: random.Random) -> bool | None:
+    """A relation with ``\\pm`` on both sides (``\\frac{53 \\pm \\sqrt{169}}{8} = \\frac{53 \\pm 13}{8}``): each
+    reading, ``+`` and ``-``, numerically (or as an identity, for a later link); failed when one is false, held
+    when both hold, else None."""
+    verdicts = []
+    for lhs, rhs in ((r.lhs, r.rhs), r.minus):
+        a, b = S.parse(lhs), S.parse(rhs)
+        if a is None or b is None:
+            return None
+        a, b = a.subs(defs), b.subs(defs)
+        if not (a.free_symbols | b.free_symbols):
+            verdicts.append(_numeric(S.sp, r.op, a, b, r.decimals, r.whole, r.rounded_input))
+        elif r.op == "=" and r.link != "first" and a.free_symbols == b.free_symbols:
+            verdicts.append(_identity(S.sp, a, b, rng))
+        else:
+            return None
+    return False if False in verdicts else True if all(verdicts) else None
+
+
 def _relation(S: _Sympy, r: Relation, defs: dict, conditions: list, rng: random.Random, history: list,
-              funcs: dict | None = None, symbolic: dict | None = None, step: int = 0):
+              funcs: dict | None = None, symbolic: dict | None = None, step: int = 0, memo: dict | None = None):
     """True / False / None (not parsed) / "skip" (a definition, not a claim) for one relation; a condition
-    updates ``conditions`` (this step's) and ``last_equation`` (the solution's latest)."""
+    updates ``conditions`` (this step's) and ``last_equation`` (the solution's latest); ``memo``: the
+    formulas of :func:`_formula`."""
     sp = S.sp
     if r.call is not None:
         return _call(S, r, funcs if funcs is not None else {}, rng)
+    if r.minus is not None:
+        return _both_signs(S, r, defs, rng)
+    if r.op == "=" and r.lhs and r.rhs and "," in r.lhs + r.rhs:
+        points = _points(S, r, defs)
+        if points != "no tuple":
+            return points
     a, b = S.parse(r.lhs), S.parse(r.rhs)
     if b is None or (a is None and r.name is None):
         return None
     if r.name is not None and r.op == "=":
         value = b.subs(defs) if b.free_symbols else b
+        if b.free_symbols and memo is not None:  # a formula as written (y = \frac{1}{5}x + \frac{13}{5})
+            memo["formula"][r.name] = (b, memo["tick"]) if symbolic is not None else None
         if value.free_symbols:  # a symbolic definition (R = (300 - 5n)(750 + 10n)): no claim, unless it restates
             if symbolic is None or r.name in RESTATE_EXEMPT:  # one (R = 225000 + 4000n - 50n^2 after it)
                 return "skip"
@@ -415,6 +510,11 @@ def _relation(S: _Sympy, r: Relation, defs: dict, conditions: list, rng: random.
         if SCOPE != "none":
             defs[sp.Symbol(r.name)] = value
         name = sp.Symbol(r.name)
+        formula = _formula(sp, r, value, defs, memo) if FORMULAS and memo is not None and not b.free_symbols else None
+        if memo is not None:
+            memo["at"][name] = (memo["tick"], memo["case"][0])
+        if formula is not None:
+            return formula
         verdicts = []
         if r.decimals or not SOLVED or re.search(r"\d\.\d", r.text.partition(" = ")[2]):
             return "skip"  # a rounded value satisfies its equation only roughly: not checked
@@ -428,14 +528,26 @@ def _relation(S: _Sympy, r: Relation, defs: dict, conditions: list, rng: random.
         return "skip"
     if a is None:
         return None
+    if r.op == "≡":
+        a2, b2, m = a.subs(defs), b.subs(defs), S.parse(r.modulus)
+        if a2.free_symbols | b2.free_symbols:
+            return _congruence_follows(sp, a2, b2, m, memo) if memo is not None else None
+        return _congruent(sp, a2, b2, m)
     if r.link == "first" and (a.free_symbols | b.free_symbols) and not SUBSTITUTE_CONDITIONS:  # a condition
         a2, b2 = a, b
     else:
         a2, b2 = a.subs(defs), b.subs(defs)
     free = a2.free_symbols | b2.free_symbols
     if not free:
-        return _numeric(sp, r.op, a2, b2, r.decimals, r.whole, r.rounded_input)
+        verdict = _numeric(sp, r.op, a2, b2, r.decimals, r.whole, r.rounded_input)
+        if verdict is False and (a2.has(sp.log) or b2.has(sp.log)):  # \log without a base: ln or log10
+            ten = lambda x: sp.log(x) / sp.log(10)  # noqa: E731
+            verdict = _numeric(sp, r.op, a2.replace(sp.log, ten), b2.replace(sp.log, ten), r.decimals, r.whole,
+                               r.rounded_input)
+        return verdict
     if r.op != "=":
+        if r.op in ("<", "<=", ">", ">=") and r.link == "first" and INEQUALITIES and memo is not None:
+            return _inequality_follows(sp, r.op, a2, b2, memo)
         return None
     same = _identity_or_imaginary(sp, a2, b2, rng)
     if same or r.link != "first":  # a simplification keeps its variables; an evaluation at unknown values

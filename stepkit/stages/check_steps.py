@@ -127,7 +127,9 @@ class CheckStepsStage(TrajectoryRows, Stage):
 
         return {**super().config(), "rule": RULE, "points": stepcheck.POINTS, "solved_equations": stepcheck.SOLVED,
                 "linear_equations": stepcheck.LINEAR, "across_steps": stepcheck.ACROSS, "definitions": stepcheck.SCOPE,
-                "substitute_conditions": stepcheck.SUBSTITUTE_CONDITIONS}
+                "substitute_conditions": stepcheck.SUBSTITUTE_CONDITIONS, "formulas": stepcheck.FORMULAS,
+                "formula_reach": stepcheck.FORMULA_REACH, "sign_slips": stepcheck.SIGN_SLIPS,
+                "inequalities": stepcheck.INEQUALITIES, "case_scope": stepcheck.CASE_SCOPE}
 
     def open(self):
         from stepkit.grading import stepcheck

@@ -1,0 +1,122 @@
+r"""Rules of :mod:`stepkit.grading.stepcheck` on sympy expressions: numbers, congruences, inequalities rewritten,
+terms moved with their sign kept (the third round of claim kinds of ``stepkit check-steps``).
+
+Every function takes the ``sympy`` module as ``sp`` (imported by the caller on first use: importing this module
+loads no sympy) and returns True (held), False (failed) or None (not decided), or a value as documented.
+"""
+
+from __future__ import annotations
+
+
+def _number(sp, x) -> complex | None:
+    try:
+        v = complex(sp.N(x, 40))
+    except (TypeError, ValueError, OverflowError, ZeroDivisionError):
+        return None
+    return v if v == v and abs(v) != float("inf") else None
+
+
+def _congruent(sp, a, b, m) -> bool | None:
+    """Whether the integers ``a`` and ``b`` are congruent modulo the integer ``m`` (None: any of them is not an
+    integer, has a symbol or ``m`` is 0: ``3^{-1} \\equiv 4`` is an inverse, not the rational 1/3)."""
+    if m is None or not all(getattr(v, "is_Integer", False) for v in (a, b, m)) or m == 0:
+        return None
+    return (a - b) % m == 0
+
+
+def _residues(sp, d, m: int) -> frozenset | None:
+    """The residues ``k`` modulo ``m`` with ``d(k) = 0 (mod m)`` (``d`` a polynomial in one symbol with integer
+    coefficients, ``2 <= m <= 5000``), or None."""
+    (x,) = d.free_symbols
+    try:
+        coeffs = [int(c) for c in sp.Poly(d, x, domain="ZZ").all_coeffs()]
+    except (sp.PolynomialError, sp.CoercionFailed, sp.GeneratorsNeeded, ValueError, TypeError):
+        return None
+    roots = []
+    for k in range(m):
+        v = 0
+        for c in coeffs:
+            v = (v * k + c) % m
+        if v == 0:
+            roots.append(k)
+    return frozenset(roots)
+
+
+def _congruence_follows(sp, a, b, m, memo: dict) -> bool | None:
+    """A congruence ``a = b (mod m)`` in one symbol against the latest one before it in the same symbol and
+    modulus (inside a case: of the same case): held when both have the same residues, failed when they share
+    none (``2n = 1 (mod 3)`` after ``2n = -10 (mod 3)``), else None; it is remembered either way. The same
+    left side with a reduced residue before it (``n = 1`` or ``n = 2 (mod 3)``) is a list of cases: None."""
+    d = sp.expand(a - b)
+    if m is None or not m.is_Integer or not 2 <= int(m) <= 5000 or len(d.free_symbols) != 1:
+        return None
+    now = _residues(sp, d, int(m))
+    if now is None:
+        return None
+    where = memo.get("case", (0, 0))
+    same = [c for c in memo.setdefault("congruences", []) if c[0] == d.free_symbols and c[1] == int(m) and
+            (not where[1] or c[2] == where)]
+    memo["congruences"].append((d.free_symbols, int(m), where, now, a, b))
+    if not same or not same[-1][3]:
+        return None
+    if same[-1][4] == a and same[-1][5].is_Integer and 0 <= same[-1][5] < m:
+        return None
+    before = same[-1][3]
+    return True if now == before else False if not now & before else None
+
+
+def _inequality_follows(sp, op: str, a, b, memo: dict) -> bool | None:
+    """An inequality with symbols against the latest one before it in the same step and case with the same
+    symbols: written ``g >= 0`` (``g`` the larger side minus the smaller), when the symbol terms of ``g`` are a
+    positive multiple ``c`` of the earlier one's, it is held when its constant is at least ``c`` times the
+    earlier constant (a rearrangement or a weaker bound: ``2n >= 12``, then ``n >= 6``) and failed when it is
+    less (a bound the earlier one does not give: ``1 >= ab + ac + bc``, then ``ab + ac + bc <= \\frac{1}{2}``);
+    else None. The same left side as the earlier one (``x > 0``, ``x > 2``: a list of cases) and a linear
+    inequality in one symbol (``m - 4 < 0`` and ``m + 8 < 0``: the bounds of an interval) are None."""
+    g = sp.expand(a - b if op in (">", ">=") else b - a)
+    where = memo.get("case", (0, 0))
+    same = [c for c in memo.setdefault("inequalities", []) if c[1] == where and c[0].free_symbols == g.free_symbols]
+    memo["inequalities"].append((g, where, a))
+    if not same or same[-1][2] == a or not g.free_symbols:
+        return None
+    if len(g.free_symbols) == 1 and sp.Poly(g, *g.free_symbols).total_degree() <= 1 if g.is_polynomial() else False:
+        return None  # (m - 4 < 0 and m + 8 < 0: bounds of an interval, listed, not derived)
+    old = same[-1][0]
+    cn, co = _constant_part(sp, g), _constant_part(sp, old)
+    c = _proportional(sp, sp.expand(g - cn), sp.expand(old - co))
+    if c is None or not c.is_positive or not (cn - c * co).is_number:
+        return None
+    diff = _number(sp, cn - c * co)
+    if diff is None or abs(diff.imag) > 1e-12:
+        return None
+    return diff.real >= -1e-12
+
+
+def _constant_part(sp, e):
+    """The terms of the expanded ``e`` without a free symbol (``x^2 + 4x - 5`` -> -5; radicals kept)."""
+    return sp.Add(*[t for t in sp.Add.make_args(e) if not t.free_symbols])
+
+
+def _proportional(sp, dn, do):
+    """The number ``c`` with ``dn = c * do`` (both expanded), or None when there is none."""
+    if do == 0 or dn == 0:
+        return None
+    c = sp.cancel(dn / do)
+    return c if c.is_number and c != 0 else None
+
+
+def _sign_slip(sp, dn, do) -> bool:
+    """Whether the polynomials ``dn`` and ``do`` (rational coefficients) have the same monomials, at least
+    three, one of degree 2 or more, with coefficients in the ratio ``c`` for most and ``-c`` for the rest: a
+    term moved across with its sign kept (``0 = (k^2 - 4)a + 3k^2`` after ``4a = k^2 a - 3k^2``)."""
+    gens = sorted(dn.free_symbols | do.free_symbols, key=lambda v: v.name)
+    try:
+        tn, to = dict(sp.Poly(dn, *gens, domain="QQ").terms()), dict(sp.Poly(do, *gens, domain="QQ").terms())
+    except (sp.PolynomialError, sp.CoercionFailed, sp.GeneratorsNeeded, ValueError, TypeError):
+        return False
+    if set(tn) != set(to) or len(tn) < 3 or max(sum(k) for k in tn) < 2:
+        return False
+    ratios = [tn[k] / to[k] for k in tn]
+    kept = sum(q == ratios[0] for q in ratios)
+    flipped = sum(q == -ratios[0] for q in ratios)
+    return kept + flipped == len(ratios) and 0 < min(kept, flipped) < max(kept, flipped)
