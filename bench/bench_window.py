@@ -1,17 +1,23 @@
-"""Benchmark (no model): requests in flight across chunks, with one chunk at a time against a window of chunks.
+"""Benchmark (no model): how full stepkit keeps an engine of fixed batch capacity, across chunks.
 
-A stand-in engine answers each submitted request after a latency that grows with the number of samples
-(``--latency`` s per sample, from its own threads, as many at once as are submitted: an engine whose batch
-never fills), so the only thing that keeps it from being full is the stage and the runner. mcts-label (the
-paper's order, one selection at a time per problem) and binary mc-label run over real GSM8K model solutions
-(a deterministic policy reaches the gold answer with a chance falling with depth), with ``--chunks-in-flight``
-1 (each chunk a barrier, as on main) and then the window. Printed per run: wall seconds, the mean requests
-in flight, their mean per tenth of the run, and the share of the run below half of the peak (the tail).
-The rows of every run are checked to be the same.
+A stand-in engine models continuous batching: it decodes at most ``--slots`` sequences at once (vLLM's
+running batch), each sample holding a slot for ``--step`` s per generated token (one decoding step per
+token, its time independent of how many sequences share it), the rest waiting in a first-come queue. So
+its generated tokens/s is ``slots / step`` exactly when every slot is busy, and falls with the slots left
+idle: the only thing that can leave them idle is the stage and the runner not having requests out.
+
+On real GSM8K model solutions (a deterministic policy reaches the gold answer with a chance falling with
+depth, ``tests.window_cases.GoldPolicy``), for each ``--solutions`` count: exhaustive mc-label (one engine
+call per chunk, the engine as full as it gets: the reference), then mcts-label (the paper's order, one
+selection at a time per problem) and binary mc-label, each with ``--chunks-in-flight`` 1 (each chunk a
+barrier) and with the runner's default window. Printed per run: wall seconds, generated tokens/s, the busy
+slots' mean per tenth of the run, and the share of the run with fewer than half the slots busy (the tail);
+then each run's tokens/s as a ratio to exhaustive mc-label's (targets: mcts-label >= 0.9, binary mc-label
+>= 0.95). The rows of the runs of one stage are checked to be the same whatever the window.
 
 Prints what was measured in this run, never absolute claims.
 
-Usage: python bench/bench_window.py [--solutions 64] [--windows 1,4,8] [--latency 0.004]
+Usage: python bench/bench_window.py [--solutions 16,64] [--windows 1,default] [--slots 64] [--step 0.02]
 """
 
 from __future__ import annotations
@@ -31,9 +37,11 @@ from tests.window_cases import DATA, GoldPolicy  # noqa: E402 - the repository's
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--solutions", type=int, default=64)
-    ap.add_argument("--windows", default="1,4,8")
-    ap.add_argument("--latency", type=float, default=0.004, help="seconds per sample of a request")
+    ap.add_argument("--solutions", default="16,64", help="problem counts, comma-separated")
+    ap.add_argument("--windows", default="1,default", help="--chunks-in-flight values ('default': the runner's)")
+    ap.add_argument("--slots", type=int, default=64, help="sequences the engine decodes at once")
+    ap.add_argument("--step", type=float, default=0.02, help="seconds per decoding step (one token per sequence)")
+    ap.add_argument("--k", type=int, default=4)
     args = ap.parse_args()
 
     from stepkit.engines.base import EngineSpec, SamplingConfig
@@ -45,80 +53,115 @@ def main() -> None:
     from stepkit.stages.mc_label import MCLabelConfig, MCLabelStage
     from stepkit.stages.mcts_label import MCTSConfig, MCTSLabelStage
 
-    class Timed(ScriptedEngine):
-        """Answers each request after ``latency * n`` s from a thread of its own; counts what is in flight."""
+    class Batched(ScriptedEngine):
+        """The scripted policy's answers, each sample decoded in one of ``slots`` slots for ``step`` s per token."""
 
         def __init__(self, *a, **kw):
             super().__init__(*a, **kw)
-            self.pool = concurrent.futures.ThreadPoolExecutor(256)
-            self.lock, self.in_flight = threading.Lock(), 0
+            self.slots = concurrent.futures.ThreadPoolExecutor(args.slots)  # its queue: first come, first served
+            self.lock, self.busy, self.requests = threading.Lock(), 0, 0
+
+        def _decode(self, tokens: int) -> None:
+            with self.lock:
+                self.busy += 1
+            time.sleep(args.step * tokens)
+            with self.lock:
+                self.busy -= 1
 
         def submit(self, request, sampling):
+            samples = super().generate([request], sampling)[0]  # the policy's answers (counts the tokens)
+            done: concurrent.futures.Future = concurrent.futures.Future()
+            left = [len(samples)]
             with self.lock:
-                self.in_flight += 1
+                self.requests += 1
 
-            def answer():
-                time.sleep(args.latency * request.n)
-                try:
-                    return self.generate([request], sampling)[0]
-                finally:
-                    with self.lock:
-                        self.in_flight -= 1
+            def one_done(_):
+                with self.lock:
+                    left[0] -= 1
+                    last = left[0] == 0
+                    if last:
+                        self.requests -= 1
+                if last:
+                    done.set_result(samples)
 
-            return self.pool.submit(answer)
+            for c in samples:
+                self.slots.submit(self._decode, max(1, c.num_tokens)).add_done_callback(one_done)
+            return done
+
+        def generate(self, requests, sampling):  # one engine call: every sample queued at once
+            futures = [self.submit(r, sampling) for r in requests]
+            return [f.result() for f in futures]
+
+        def close(self):
+            pass
+
+    import inspect
+
+    default_window = inspect.signature(run_stage).parameters["chunks_in_flight"].default
+    windows = [default_window if w == "default" else int(w) for w in args.windows.split(",")]
+    sampling = SamplingConfig(temperature=0.8, max_tokens=128)
+    class Kept(AnswerChecker):
+        """The one checker of every run: a stage's close leaves its pool running (a fresh pool would
+        start, spawn and import sympy, inside the next run's timing)."""
 
         def close(self):
             pass
 
     tmp = Path(tempfile.mkdtemp(prefix="stepkit-bench-window-"))
-    sol = tmp / "solutions.parquet"
-    checker = AnswerChecker()
-    ingest("gsm8k-solutions", DATA / "gsm8k" / "example_model_solutions.jsonl", sol,
-           IngestOptions(limit=args.solutions, generators=("175b_verification",)), checker, checker_settings())
-    golds = {r["prompt"]: r["reference_answer"] for r in read_rows(sol)}
-    n = len(golds)
-    sampling = SamplingConfig(temperature=0.8, max_tokens=128)
+    checker = Kept()
+    print(f"engine: {args.slots} slots, {args.step * 1000:g} ms per decoding step ({args.slots / args.step:.0f} "
+          f"tokens/s when full); K = {args.k}; each stage's default chunk size; window 'None': the runner's default")
+    for n_sol in [int(s) for s in args.solutions.split(",")]:
+        sol = tmp / f"solutions-{n_sol}.parquet"
+        ingest("gsm8k-solutions", DATA / "gsm8k" / "example_model_solutions.jsonl", sol,
+               IngestOptions(limit=n_sol, generators=("175b_verification",)), checker, checker_settings())
+        golds = {r["prompt"]: r["reference_answer"] for r in read_rows(sol)}
 
-    def measure(name, make, window):
-        engine = Timed(GoldPolicy(golds), "scripted:gold")
-        stage = make(EngineSpec.of(engine))
-        samples, stop = [], threading.Event()
+        def measure(name, make, window, golds=golds, sol=sol, n_sol=n_sol):
+            engine = Batched(GoldPolicy(golds), "scripted:gold")
+            stage = make(EngineSpec.of(engine))
+            samples, stop = [], threading.Event()
 
-        def sample():
-            while not stop.wait(0.01):
-                samples.append(engine.in_flight)
+            def sample():
+                while not stop.wait(0.01):
+                    samples.append(engine.busy)
 
-        t = threading.Thread(target=sample, daemon=True)
-        out = tmp / f"{name}-{window}.parquet"
-        t0 = time.perf_counter()
-        t.start()
-        (res,) = run_stage(stage, sol, out, progress=False, chunks_in_flight=window)
-        stop.set()
-        t.join()
-        dt = time.perf_counter() - t0
-        peak = max(samples)
-        tenths = [samples[len(samples) * k // 10:max(len(samples) * (k + 1) // 10, len(samples) * k // 10 + 1)]
-                  for k in range(10)]
-        print(f"{name:16s} window {window}: {res.chunks} chunks, {dt:6.2f} s, mean in flight "
-              f"{sum(samples) / len(samples):5.1f}, peak {peak}, below half the peak {sum(x < peak / 2 for x in samples) / len(samples):4.0%} "
-              f"of the run; per tenth: {' '.join(f'{sum(x) / len(x):.0f}' for x in tenths)}")
-        return dt, read_rows(out)
+            t = threading.Thread(target=sample, daemon=True)
+            out = tmp / f"{name}-{n_sol}-{window}.parquet"
+            t0 = time.perf_counter()
+            t.start()
+            (res,) = run_stage(stage, sol, out, progress=False, chunks_in_flight=window)
+            stop.set()
+            t.join()
+            dt = time.perf_counter() - t0
+            tokens = engine.stats.generated_tokens
+            samples = samples or [0]
+            tenths = [samples[len(samples) * k // 10:max(len(samples) * (k + 1) // 10, len(samples) * k // 10 + 1)]
+                      for k in range(10)]
+            tail = sum(x < args.slots / 2 for x in samples) / len(samples)
+            print(f"  {name:16s} window {window}: {res.chunks:2d} chunks, {dt:6.2f} s, {tokens:6d} tokens, "
+                  f"{tokens / dt:7.0f} tok/s ({tokens / dt * args.step / args.slots:.2f} of full); busy slots per tenth: {' '.join(f'{sum(x) / len(x):.0f}' for x in tenths)}; "
+                  f"below half the slots {tail:4.0%} of the run")
+            return tokens / dt, read_rows(out)
 
-    stages = {
-        "mcts-label": lambda spec: MCTSLabelStage(MCTSConfig(continuations=4, search_limit=8, rollout_budget=48), spec,
-                                                  sampling, lambda: checker),
-        "mc-label binary": lambda spec: MCLabelStage(MCLabelConfig(continuations=4, mode="binary"), spec, sampling,
-                                                     lambda: checker),
-    }
-    windows = [int(w) for w in args.windows.split(",")]
-    print(f"{n} problems (real GSM8K solutions), {args.latency * 1000:.0f} ms per sample, each stage's default chunk size")
-    for name, make in stages.items():
-        runs = {w: measure(name, make, w) for w in windows}
-        base = runs[windows[0]]
-        assert all(rows == base[1] for _, rows in runs.values()), f"{name}: rows differ between windows"
-        print(f"{name:16s} wall time window {windows[0]} / window w: " + ", ".join(
-            f"w={w} x{base[0] / dt:.2f}" for w, (dt, _) in runs.items() if w != windows[0]) + " (rows identical)")
-    checker.close()
+        stages = {
+            "mcts-label": lambda spec: MCTSLabelStage(MCTSConfig(continuations=args.k, search_limit=8,
+                                                                 rollout_budget=48), spec, sampling, lambda: checker),
+            "mc-label binary": lambda spec: MCLabelStage(MCLabelConfig(continuations=args.k, mode="binary"), spec,
+                                                         sampling, lambda: checker),
+        }
+        print(f"{len(golds)} problems (real GSM8K solutions)")
+        ref, _ = measure("mc-label exhaustive", lambda spec: MCLabelStage(MCLabelConfig(continuations=args.k), spec,
+                                                                           sampling, lambda: checker), 1)
+        ratios = []
+        for name, make in stages.items():
+            runs = {w: measure(name, make, w) for w in windows}
+            base = runs[windows[0]][1]
+            assert all(rows == base for _, rows in runs.values()), f"{name}: rows differ between windows"
+            ratios += [f"{name} window {w} {tps / ref:.2f}" for w, (tps, _) in runs.items()]
+        print(f"  tokens/s ratio to exhaustive mc-label, {len(golds)} problems: " + ", ".join(ratios)
+              + " (targets: mcts-label >= 0.9, binary >= 0.95; rows identical across windows)")
+    AnswerChecker.close(checker)
 
 
 if __name__ == "__main__":

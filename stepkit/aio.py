@@ -5,7 +5,6 @@ with ``asyncio.run() cannot be called from a running event loop``."""
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
 from collections.abc import Coroutine
 from typing import Any
@@ -15,6 +14,8 @@ def run_sync(coro: Coroutine[Any, Any, Any]) -> Any:
     """``asyncio.run(coro)``; when this thread already runs a loop, the same in a worker thread of its own.
 
     Returns what ``coro`` returns and raises what it raises."""
+    import asyncio  # (imported where used: importing a stage loads no asyncio)
+
     try:
         asyncio.get_running_loop()
     except RuntimeError:

@@ -139,6 +139,20 @@ MAX_EMPTY_SHARE = 0.5
 """A labelling run where more than this share of the continuations is empty is refused (:func:`empty_refusal`)."""
 
 
+async def check_answers(checker, pairs: list[tuple[str, str | None]]) -> list[bool]:
+    """``checker.check_many(pairs)`` from a coroutine without holding up the event loop: the checker's
+    :meth:`~stepkit.grading.verify.AnswerChecker.acheck_many` when it has one (checks not memoized wait on
+    its pool from a worker thread), else ``check_many`` itself (a stand-in checker)."""
+    acheck = getattr(checker, "acheck_many", None)
+    return await acheck(pairs) if acheck is not None else checker.check_many(pairs)
+
+
+async def check_golds(checker, golds: list[str]) -> dict[str, str | None]:
+    """``checker.gold_problems(golds)`` from a coroutine, as :func:`check_answers` does for answers."""
+    agold = getattr(checker, "agold_problems", None)
+    return await agold(golds) if agold is not None else checker.gold_problems(golds)
+
+
 def distinct_texts(texts) -> int:
     """How many different texts ``texts`` holds (exact string equality: two samples that differ by one
     character are distinct)."""

@@ -50,10 +50,11 @@ class StageView:
             (empty when the row has no labels from this stage).
         step_cells: ``step_cells(row, s) -> (cells, style or None)`` for step ``s``.
         footer: ``footer(row, console)`` prints what follows the step table (e.g. the last reply).
-        stream: ``stream()`` -> an object with ``columns`` (what it reads besides the step count,
+        stream: ``stream(shards)`` -> an object with ``columns`` (what it reads besides the step count,
             :func:`n_steps`), ``add(rows)`` (rows of a record batch, in file order, only those columns) and
-            ``print(console, figs, shards)``, doing what ``stats`` does without holding the rows; None: ``stats``
-            is given every row at once.
+            ``print(console, figs, shards)``, doing what ``stats`` does without holding the rows (``shards``:
+            the paths ``stats`` reads, whose manifests may make some columns unneeded); None: ``stats`` is
+            given every row at once.
     """
 
     marker: str
@@ -192,7 +193,7 @@ def print_stats(shard, views: list[StageView] = (), console: Console | None = No
     else:
         import pyarrow.compute as pc
 
-        streams = [(v, v.stream()) for v in present]
+        streams = [(v, v.stream(shards)) for v in present]
         seen = [False] * len(streams)
         for p, have in zip(shards, names):
             mine = [k for k, (v, _) in enumerate(streams) if v.marker in have]

@@ -134,3 +134,62 @@ def test_a_chunk_that_cannot_be_read_stops_the_run_after_the_chunks_in_flight_be
         run_stage(stage, src, out, chunk_size=chunk, progress=False, chunks_in_flight=4)
     parts = sorted(p.name for p in (tmp_path / "o.parquet.parts").glob("part-*.parquet"))
     assert parts == ["part-00000.parquet", "part-00001.parquet", "part-00002.parquet"]
+
+
+def test_the_default_window_is_counted_in_rows():
+    """Without ``--chunks-in-flight`` the window holds about 128 rows' worth of chunks, at least 4 and at
+    most 64: mcts-label's chunks of 8 problems 16, binary mc-label's of 16 rows 8, judge's of 32 rows 4."""
+    from stepkit.runner.window import default_window
+
+    assert [default_window(n) for n in (8, 16, 32, 64, 1, 1000)] == [16, 8, 4, 4, 64, 4]
+
+
+@pytest.mark.parametrize("case", ["mcts-label", "mc-label-binary"])
+def test_the_default_window_overlaps_as_many_chunks_as_it_holds(case, shards, checker, tmp_path, chunk_log):
+    """A run with no window given keeps up to :func:`default_window` chunks started and not committed
+    (here every chunk of the shard, as it has fewer), commits in order and gives main's rows."""
+    from stepkit.runner import run_stage
+    from stepkit.runner.window import default_window
+    from stepkit.shards import read_rows
+
+    tmp, paths = shards
+    stage, src, chunk = build(case, tmp, tmp_path, paths, OrderFree, checker)
+    (res,) = run_stage(stage, src, tmp_path / "o.parquet", chunk_size=chunk, progress=False, max_error_rate=1.0)
+    commits = [e["chunk"] for e in chunk_log if e["event"] == "chunk_commit"]
+    assert commits == list(range(res.chunks))
+    open_, most = set(), 0
+    for e in chunk_log:
+        if e["event"] == "chunk_start":
+            open_.add(e["chunk"])
+            most = max(most, len(open_))
+        elif e["event"] == "chunk_commit":
+            open_.discard(e["chunk"])
+    assert 4 < res.chunks <= default_window(chunk) and most == res.chunks
+    assert json.loads(json.dumps(read_rows(tmp_path / "o.parquet"), default=str)) == MAIN[case]["rows"]
+
+
+def test_checks_not_memoized_leave_the_event_loop_free(checker):
+    """``acheck_many`` answers memoized pairs at once and waits on the pool for new ones from a worker
+    thread: a coroutine keeps running meanwhile; results equal ``check_many``'s."""
+    import asyncio
+
+    pairs = [("1/2", "0.500000000007"), ("7", "8.00000000007"), ("3", None), ("1/3", "0.3333000007")]
+
+    async def main():
+        ticks = 0
+
+        async def tick():
+            nonlocal ticks
+            while True:
+                ticks += 1
+                await asyncio.sleep(0)
+
+        t = asyncio.ensure_future(tick())
+        got = await checker.acheck_many(pairs)
+        t.cancel()
+        return got, ticks
+
+    got, ticks = asyncio.run(main())
+    assert got == checker.check_many(pairs) == [False, False, False, False]
+    assert ticks > 0  # the loop ran while the pool checked
+    assert asyncio.run(checker.acheck_many([("1/2", "0.5000"), ("2", "2")])) == [True, True]

@@ -47,7 +47,7 @@ class _FilterStats:
 
     columns = ("filter_reason",)
 
-    def __init__(self):
+    def __init__(self, shards=()):
         self.flagged: Counter = Counter()
         self.steps: Counter = Counter()
 

@@ -39,10 +39,14 @@ class _MCStats:
     """mc-label's part of ``stats``, added batch by batch: value by step position, first-error histogram,
     status and continuations (only numbers are kept: the values by position, the counters)."""
 
-    columns = ("mc_status", "mc_value", "filter_cut_by", "mc_first_error", "mc_rollouts", "mc_truncated",
-               "mc_empty", "mc_distinct")
+    TALLY = ("mc_rollouts", "mc_truncated", "mc_empty", "mc_distinct")
 
-    def __init__(self):
+    def __init__(self, shards=()):
+        # With an mc-label manifest at hand its counts are the continuations' (v_0's too): the per-step
+        # counts, four list columns, are then neither read nor added up.
+        self.from_rows = not _mc_counts(shards)
+        self.columns = ("mc_status", "mc_value", "filter_cut_by", "mc_first_error",
+                        *(self.TALLY if self.from_rows else ()))
         self.status: Counter = Counter()
         self.by_pos: dict[int, list[float]] = {}
         self.no_signal = 0
@@ -63,8 +67,9 @@ class _MCStats:
             # ungraded rows were never labelled: they are in the status counts, not in the histogram
             if r.get("mc_status") in ("ok", "no_signal"):
                 self.fe[r.get("mc_first_error")] += 1
-        for k, v in continuation_tally(rows, "mc_").items():
-            self.tally[k] += v
+        if self.from_rows:
+            for k, v in continuation_tally(rows, "mc_").items():
+                self.tally[k] += v
 
     def print(self, console, figs, shards) -> None:
         status, by_pos, no_signal, fe = self.status, self.by_pos, self.no_signal, self.fe
@@ -91,7 +96,7 @@ class _MCStats:
         console.print(h)
         s = Table(title="MC labelling", show_header=False)
         s.add_row("status", ", ".join(f"{k}: {v}" for k, v in status.items()))
-        counts = [m.get("counts", {}) for m in map(read_manifest, shards) if m and m.get("stage") == "mc-label"]
+        counts = _mc_counts(shards)
         tally = self.tally
         if counts:  # the manifests count v_0's continuations too
             tally = {k: sum(c.get(k, 0) for c in counts) for k in ("continuations", "truncated", "empty",
@@ -99,6 +104,11 @@ class _MCStats:
         add_continuation_rows(s, figs, tally, "continuations (incl. v0)" if counts else
                               "continuations from step prefixes")
         console.print(s)
+
+
+def _mc_counts(shards) -> list[dict]:
+    """The ``counts`` of the mc-label manifests among ``shards`` (none: the rows' per-step counts are read)."""
+    return [m.get("counts", {}) for m in map(read_manifest, shards) if m and m.get("stage") == "mc-label"]
 
 
 def _mc_tables(rows, console, figs, shards):

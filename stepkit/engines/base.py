@@ -24,7 +24,6 @@ appended), so requests that share a solution prefix share a token prefix and hit
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
 import dataclasses
 import math
@@ -326,6 +325,8 @@ class Engine:
     async def agenerate(self, request: Request, sampling: SamplingConfig) -> list[Completion]:
         """``await engine.agenerate(request, sampling)``: :meth:`submit` for coroutines (one per row or
         problem, gathered by the stage; the model is datatrove's ``rollout_fn(document, generate)``)."""
+        import asyncio  # (imported where used: a command's --help loads no asyncio)
+
         return await asyncio.wrap_future(self.submit(request, sampling))
 
     @staticmethod

@@ -54,7 +54,6 @@ Failures:
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
 import os
 import re
@@ -76,6 +75,8 @@ from stepkit.errors import ConfigError, StepkitError
 from stepkit.options import Config, opt
 
 if TYPE_CHECKING:
+    import asyncio
+
     from stepkit.engines.openai_chat import ChatRenderer
     from stepkit.engines.openai_http import ServerClient
 
@@ -87,6 +88,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 async def _all_or_first_failure(coros) -> list:
     """Run ``coros`` concurrently and return their results in order; on the first failure, cancel the rest
     and raise the failure of the earliest coroutine (in order) that failed."""
+    import asyncio  # (imported where used: a command's --help loads no asyncio)
     tasks = [asyncio.ensure_future(c) for c in coros]
     try:
         if tasks:  # asyncio.wait refuses an empty set
@@ -319,6 +321,7 @@ class OpenAIEngine(Engine):
             first, self._submitted = self._submitted, self._submitted + len(jobs)
 
         async def run() -> list[Completion]:
+            import asyncio  # (imported where used: a command's --help loads no asyncio)
             outs = await asyncio.gather(*(self._one_job(first + k, prompt, n, sampling)
                                           for k, (prompt, n) in enumerate(jobs)))
             completions = [c for out in outs for c in out]
@@ -327,6 +330,7 @@ class OpenAIEngine(Engine):
             self.stats.generated_tokens += sum(c.num_tokens for c in completions)
             return completions
 
+        import asyncio  # (imported where used: a command's --help loads no asyncio)
         return asyncio.run_coroutine_threadsafe(run(), self._event_loop())
 
     def _event_loop(self) -> asyncio.AbstractEventLoop:
@@ -334,6 +338,7 @@ class OpenAIEngine(Engine):
         connection reuse; :meth:`generate`, :meth:`submit` and scoring schedule their coroutines on it)."""
         with self._lock_loop:
             if self._loop is None:
+                import asyncio  # (imported where used: a command's --help loads no asyncio)
                 self._loop = asyncio.new_event_loop()
                 self._loop_thread = threading.Thread(target=self._loop.run_forever, name="stepkit-openai-loop",
                                                      daemon=True)
@@ -342,10 +347,12 @@ class OpenAIEngine(Engine):
 
     def _run(self, coro):
         """Run ``coro`` on the private event loop and wait for its result."""
+        import asyncio  # (imported where used: a command's --help loads no asyncio)
         return asyncio.run_coroutine_threadsafe(coro, self._event_loop()).result()
 
     def _semaphore(self) -> asyncio.Semaphore:
         if self._sem is None:  # created on the private loop, by the coroutine that first needs it
+            import asyncio  # (imported where used: a command's --help loads no asyncio)
             self._sem = asyncio.Semaphore(self.concurrency)
         return self._sem
 
@@ -472,6 +479,7 @@ class OpenAIEngine(Engine):
         try:
             if server is not None and loop is not None:
                 try:
+                    import asyncio  # (imported where used: a command's --help loads no asyncio)
                     asyncio.run_coroutine_threadsafe(server.aclose(), loop).result(timeout=10)
                 except Exception:  # noqa: BLE001 - best effort on shutdown
                     pass

@@ -150,6 +150,16 @@ class AnswerChecker:
                           failed=self._ungradable)
             return [pred is not None and self._cache[(gold, pred)] for gold, pred in keys]
 
+    async def acheck_many(self, pairs: list[tuple[str, str | None]]) -> list[bool]:
+        """``check_many`` for a coroutine: pairs all checked before (memoized) are answered at once; any
+        other waits on the pool from a worker thread, so the event loop (the other searches' requests)
+        keeps going meanwhile. Same results and errors as ``check_many``."""
+        if all(pred is None or (gold, pred) in self._cache for gold, pred in pairs):
+            return self.check_many(pairs)
+        import asyncio
+
+        return await asyncio.to_thread(self.check_many, pairs)
+
     def ungradable(self, gold: str, pred: str | None) -> bool:
         """True when the check of this pair (already made by ``check_many``) timed out or crashed its
         worker twice: its False says nothing about the answer."""
@@ -181,6 +191,15 @@ class AnswerChecker:
                     crashed="parsing it crashed the answer-check worker",
                 )
             return {g: self._gold_cache[g] for g in golds}
+
+    async def agold_problems(self, golds: list[str]) -> dict[str, str | None]:
+        """``gold_problems`` for a coroutine: golds all validated before are answered at once; others wait
+        on the pool from a worker thread (the event loop keeps going). Same results and errors."""
+        if all(g in self._gold_cache for g in golds):
+            return self.gold_problems(golds)
+        import asyncio
+
+        return await asyncio.to_thread(self.gold_problems, golds)
 
     def _submit_pair(self, pool: ProcessPoolExecutor, key: tuple[str, str]) -> Future:
         return pool.submit(_check_pair, *key, self.float_rounding, self.numeric_precision)

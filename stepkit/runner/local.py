@@ -48,7 +48,7 @@ class LocalExecutor(Executor):
 def run_stage(stage: Stage, in_path: str | os.PathLike, out_path: str | os.PathLike, *,
               chunk_size: int | None = None, force: bool = False, rank: int | str = 0, world_size: int | None = None,
               max_error_rate: float = 0.05, progress: bool = True, console=None,
-              executor: Executor | None = None, chunks_in_flight: int = 4) -> list[ShardResult]:
+              executor: Executor | None = None, chunks_in_flight: int | None = None) -> list[ShardResult]:
     """Run ``stage`` over the shards of ``in_path`` (this rank's share; ``rank="auto"``: from the
     environment, :func:`rank_from_environment`) into ``out_path``: :func:`plan_run`, then ``executor``
     (default :class:`LocalExecutor`), through :meth:`Executor.plan_and_run`.

@@ -26,9 +26,10 @@ class RunOptions(Config):
                                        "auto, from the environment).", min=1)
     max_error_rate: float = opt(0.05, "Fail a shard when more than this share of rows has an error.", min=0, max=1)
     progress: bool = opt(True, "Show a progress bar.", flag="--progress/--no-progress")
-    chunks_in_flight: int = opt(4, "Chunks a stage on the engine's asynchronous path runs at once (the next "
-                                   "chunk's requests start while the last ones of the previous finish; commits "
-                                   "stay in order, a killed run redoes at most these chunks).", min=1, max=1024)
+    chunks_in_flight: int | None = opt(None, "Chunks a stage on the engine's asynchronous path runs at once (the "
+                                          "next chunk's requests start while the last ones of the previous finish; "
+                                          "commits stay in order, a killed run redoes at most these chunks) "
+                                          "[default: enough chunks for 128 rows, at least 4].", min=1, max=1024)
 
     def __post_init__(self):
         super().__post_init__()

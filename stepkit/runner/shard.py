@@ -29,7 +29,7 @@ from stepkit.runner.parts import (
     _writing,
 )
 from stepkit.runner.plan import ShardPlan, ShardResult, _check_existing, _load_side_input
-from stepkit.runner.window import run_chunks
+from stepkit.runner.window import default_window, run_chunks
 from stepkit.schema import (
     error_reason,
     with_error_column,
@@ -101,7 +101,8 @@ def run_shard(stage: Stage, plan: ShardPlan, opts: RunOptions, console=None,
             parts keep disappearing, or a part or OUT cannot be written (a full disk; one line naming the file).
         Interrupted: Ctrl-C or SIGTERM; the stage is closed (its engine's processes shut down) when it was
             opened here, the lock is released and committed chunks are kept (a rerun redoes at most the
-            chunks that were in flight: one, or ``opts.chunks_in_flight`` for an asynchronous stage).
+            chunks that were in flight: one, or ``opts.chunks_in_flight`` for an asynchronous stage, by default
+            :func:`~stepkit.runner.window.default_window`).
     """
     with contextlib.ExitStack() as locks:  # OUT and every side output: two runs never share a file
         for path in sorted({plan.output, *plan.side_outputs.values()}):
@@ -221,7 +222,7 @@ def _run_shard(stage: Stage, plan: ShardPlan, opts: RunOptions, console, report,
 
         # A stage on the asynchronous path keeps up to chunks_in_flight chunks running, committed in order.
         run_chunks(stage, _uncommitted_chunks(shard, bounds, parts, side_schemas, committed, resumed),
-                   opts.chunks_in_flight, start, finish)
+                   opts.chunks_in_flight or default_window(chunk_size), start, finish)
     result.seconds, result.resumed_chunks = time.time() - t0, len(resumed)
     result.tokens = stage.tokens_generated() - tokens0
 

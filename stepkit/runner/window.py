@@ -11,7 +11,6 @@ stage runs one chunk at a time (``stage.process(rows)``), as before.
 
 from __future__ import annotations
 
-import asyncio
 import collections
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -20,6 +19,23 @@ from stepkit.aio import run_sync
 from stepkit.stage import Stage
 
 Chunk = tuple[int, list[dict]]
+
+ROWS_IN_FLIGHT = 128
+"""Rows the default window keeps in flight (:func:`default_window`)."""
+MIN_WINDOW, MAX_WINDOW = 4, 64
+
+
+def default_window(chunk_size: int) -> int:
+    """The window when ``--chunks-in-flight`` is not given: enough chunks of ``chunk_size`` rows for
+    :data:`ROWS_IN_FLIGHT` rows, at least 4 and at most 64 (mcts-label's chunks of 8 problems: 16; binary
+    mc-label's of 16 rows: 8; judge's, rollout's of 32: 4). A window counted in rows, not chunks: the
+    engine sees as many searches at once whatever the chunk size, and what a killed run redoes (the chunks
+    in flight) and what waits in memory for an earlier chunk's commit stay about 128 rows' worth.
+
+    Why more than a few chunks: chunks commit in order, so a chunk whose slowest search is still running
+    holds the window's later chunks, finished, in memory; the engine then only sees that search and the
+    chunks still running. The deeper the window, the longer the engine stays full behind a slow chunk."""
+    return max(MIN_WINDOW, min(MAX_WINDOW, -(-ROWS_IN_FLIGHT // max(1, chunk_size))))
 
 
 def run_chunks(stage: Stage, chunks: Iterable[Chunk | None], window: int,
@@ -53,6 +69,8 @@ def run_chunks(stage: Stage, chunks: Iterable[Chunk | None], window: int,
 
 
 async def _window(stage: Stage, chunks: Iterable[Chunk | None], window: int, start, finish) -> None:
+    import asyncio  # (the running loop has loaded it)
+
     pending: collections.deque = collections.deque()  # (i, rows, token, task), in index order
 
     async def drain(keep: int) -> None:

@@ -38,7 +38,6 @@ not a row error, so it never counts against ``--max-error-rate``: ProcessBench m
 
 from __future__ import annotations
 
-import asyncio
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -367,6 +366,7 @@ class ClueRecoverStage(EngineStage):
                 r["clue_status"] = "parse_failure"
                 counters["parse_failure_rows"] += 1
 
+        import asyncio  # (imported where used: a command's --help loads no asyncio)
         await asyncio.gather(*(recover(r) for r in rows))
 
 

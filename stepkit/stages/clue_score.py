@@ -51,7 +51,6 @@ output, or whose clue lists disagree in length, is bad input.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import re
 from dataclasses import dataclass
@@ -391,6 +390,7 @@ class ClueScoreStage(EngineStage):
                 result[id(r)][k] = got.parsed[0]
                 counters["verdicts"] += 1
 
+        import asyncio  # (imported where used: a command's --help loads no asyncio)
         await asyncio.gather(*(verdict(*w) for w in wanted))
         return result
 

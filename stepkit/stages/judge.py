@@ -36,7 +36,6 @@ Columns (one entry per step for the list columns):
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass
 from typing import Any
 
@@ -216,6 +215,7 @@ class JudgeStage(LabelerStage):
         counters = Counters("replies", "parse_failures", "retry_replies", "parse_failure_rows", "ties")
         out = [{**row, **_EMPTY} for row in rows]
         todo = [r for r in out if not r.get("error")]
+        import asyncio  # (imported where used: a command's --help loads no asyncio)
         await asyncio.gather(*(self._judge_row(r, counters) for r in todo))
         return out, counters
 

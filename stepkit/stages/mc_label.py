@@ -53,7 +53,6 @@ Modes:
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,7 +65,15 @@ from stepkit.errors import RowError
 from stepkit.grading.answers import extract_final_answer
 from stepkit.grading.verdicts import labels_from_first_error
 from stepkit.options import Config, opt
-from stepkit.per_row import ContinuationTally, distinct_warning, empty_refusal, engine_error, sample_parsed
+from stepkit.per_row import (
+    ContinuationTally,
+    check_answers,
+    check_golds,
+    distinct_warning,
+    empty_refusal,
+    engine_error,
+    sample_parsed,
+)
 from stepkit.prompts import CONTINUATION, PromptTemplate, render_continuation
 from stepkit.schema import LABELER_REQUIRED
 from stepkit.stage import LabelerStage
@@ -254,7 +261,8 @@ class MCLabelStage(LabelerStage):
     async def aprocess(self, rows: list[dict]) -> tuple[list[dict], dict[str, int]]:
         """Binary mode's :meth:`process`: one coroutine per row (its search and v_0 beside it), so no row's
         next probe waits for another row's slowest continuation, and the runner overlaps chunks."""
-        out, todo, est, counters = self._prepare(rows)
+        out, todo, counters = self._screen(rows)
+        todo, est = self._with_golds(todo, await check_golds(self.checker, [r["reference_answer"] for r in todo]))
         await self._search_all(todo, est, counters)
         return self._labelled(out, todo, est, counters)
 
@@ -267,6 +275,12 @@ class MCLabelStage(LabelerStage):
         """``(out, todo, est, counters)``: every row with empty ``mc_*`` columns (rows that cannot be
         labelled keep an error or the ``ungraded`` status), the rows to label, their empty estimates, the
         chunk's counters."""
+        out, todo, counters = self._screen(rows)
+        todo, est = self._with_golds(todo, self.checker.gold_problems([r["reference_answer"] for r in todo]))
+        return out, todo, est, counters
+
+    def _screen(self, rows: list[dict]):
+        """``(out, todo, counters)`` of :meth:`_prepare`, before the gold answers are checked."""
         counters = {"continuations": 0, "truncated": 0, "empty": 0, "successes": 0, "prefixes_estimated": 0,
                     "no_signal": 0, "ungraded": 0, **dict.fromkeys(ContinuationTally.NAMES, 0)}
         todo = []
@@ -283,15 +297,18 @@ class MCLabelStage(LabelerStage):
             else:
                 todo.append(row)
             out.append(row)
-        # A reference answer math-verify cannot use would fail the whole chunk at grading time: check
-        # every gold before generating, and keep such rows with an error instead.
-        bad = self.checker.gold_problems([r["reference_answer"] for r in todo])
+        return out, todo, counters
+
+    def _with_golds(self, todo: list[dict], bad: dict[str, str | None]):
+        """``(todo, est)``: the rows whose gold answer is usable (``bad``: ``gold_problems`` of every row's),
+        and their empty estimates; the others keep an error. A reference answer math-verify cannot use
+        would fail the whole chunk at grading time, so every gold is checked before generating."""
         for r in todo:
             if bad[r["reference_answer"]]:
                 r["error"] = RowError(self.name, f"unusable reference_answer: {bad[r['reference_answer']]}")
         todo = [r for r in todo if not r.get("error")]
         est: dict[int, dict[int, PrefixEstimate]] = {id(r): {} for r in todo}
-        return out, todo, est, counters
+        return todo, est
 
     def _labelled(self, out, todo, est, counters):
         """The chunk's result once its continuations are in: the empty refusal, then each row's labels."""
@@ -312,7 +329,8 @@ class MCLabelStage(LabelerStage):
             req = self._request(r, i)  # K continuations in one request; an error completion is the row's error
             got = await sample_parsed(self.engine, req.prompt, self.sampling, _keep, self.name, want=req.n,
                                       stop_on_error=False)
-            self._record([(r, i)], [got.completions], est, counters)
+            where, pairs = self._tally([(r, i)], [got.completions], est, counters)
+            self._credit(where, await check_answers(self.checker, pairs), counters)  # the loop keeps going meanwhile
 
         async def search(r: dict) -> None:
             s = FirstErrorSearch(len(r["steps"]), r["outcome_correct"])
@@ -320,6 +338,7 @@ class MCLabelStage(LabelerStage):
                 await estimate(r, p)
                 s.observe(p, est[id(r)][p].value)
 
+        import asyncio  # (imported where used: a command's --help loads no asyncio)
         await asyncio.gather(*(coro for r in rows for coro in (estimate(r, 0), search(r))))
 
     def run_warnings(self, counters: dict[str, int]) -> list[str]:
@@ -339,6 +358,12 @@ class MCLabelStage(LabelerStage):
 
     def _record(self, wanted: list[tuple[dict, int]], results, est, counters) -> None:
         """Grade the continuations of each (row, prefix length) and add their counts to ``est``."""
+        where, pairs = self._tally(wanted, results, est, counters)
+        self._credit(where, self.checker.check_many(pairs), counters)
+
+    def _tally(self, wanted: list[tuple[dict, int]], results, est, counters):
+        """Count the continuations of each (row, prefix length) into ``est`` and ``counters``; return
+        ``(where, pairs)``: the estimate each gradable continuation credits and its (gold, answer) pair."""
         pairs, where = [], []
         for (r, i), comps in zip(wanted, results):
             e = est[id(r)].setdefault(i, PrefixEstimate())
@@ -364,7 +389,12 @@ class MCLabelStage(LabelerStage):
             e.distinct = ContinuationTally.add(counters, texts)
             counters["continuations"] += len(comps)
             counters["prefixes_estimated"] += 1
-        for e, ok in zip(where, self.checker.check_many(pairs)):
+        return where, pairs
+
+    @staticmethod
+    def _credit(where, oks, counters) -> None:
+        """Add each correct continuation (``oks``, the checks of :meth:`_tally`'s pairs) to its estimate."""
+        for e, ok in zip(where, oks):
             if ok:
                 e.successes += 1
                 counters["successes"] += 1

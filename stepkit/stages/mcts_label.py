@@ -65,7 +65,6 @@ problem's rows are never split across chunks (``group_by``), so its tree is comm
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -78,7 +77,7 @@ from stepkit.errors import ConfigError, InputError, RowError
 from stepkit.grading.answers import extract_final_answer
 from stepkit.grading.steps import check_split, split_steps
 from stepkit.options import Config, opt
-from stepkit.per_row import ContinuationTally, distinct_warning, empty_refusal
+from stepkit.per_row import ContinuationTally, check_answers, check_golds, distinct_warning, empty_refusal
 from stepkit.prompts import CONTINUATION, PromptTemplate, render_continuation
 from stepkit.schema import (
     PROBLEM_FIELDS,
@@ -271,7 +270,7 @@ class MCTSLabelStage(EngineStage):
         for r in rows:
             groups.setdefault(r["problem_id"], []).append(r)
         golds = {g[0].get("reference_answer") for g in groups.values() if g[0].get("reference_answer")}
-        bad = self.checker.gold_problems(sorted(golds)) if golds else {}
+        bad = await check_golds(self.checker, sorted(golds)) if golds else {}
         results = await self._search_all(list(groups.values()), bad)
         if refused := empty_refusal(self.name, self._sampled["empty"], self._sampled["total"]):
             raise refused
@@ -314,6 +313,7 @@ class MCTSLabelStage(EngineStage):
                  "error": r.get("error") or RowError(self.name, error)}]
 
     async def _search_all(self, groups, bad):
+        import asyncio  # (imported where used: a command's --help loads no asyncio)
         return await asyncio.gather(*(self._search_one(g, bad) for g in groups))
 
     async def _search_one(self, group: list[dict], bad: dict):
@@ -343,7 +343,7 @@ class MCTSLabelStage(EngineStage):
                 got.append([steps, c.text, None, c.num_tokens])
                 if not c.truncated and not c.empty:
                     pairs.append((gold, extract_final_answer(c.text)))
-            oks = iter(self.checker.check_many(pairs))
+            oks = iter(await check_answers(self.checker, pairs))  # the loop keeps serving the other searches
             for g, c in zip(got, comps):
                 if not c.truncated and not c.empty:
                     g[2] = bool(next(oks))

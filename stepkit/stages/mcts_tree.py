@@ -5,7 +5,6 @@ no engine, no I/O (the stage, :mod:`stepkit.stages.mcts_label`, samples and grad
 
 from __future__ import annotations
 
-import asyncio
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -111,6 +110,7 @@ class Tree:
         when ``0 < MC < 1``. The K continuations are counted before the request goes out, so searches
         running side by side never overdraw the budget."""
         self.continuations += self.cfg.continuations
+        import asyncio  # (imported where used: a command's --help loads no asyncio)
         state.ready = asyncio.get_running_loop().create_future()
         try:
             got = await self.sample(state.prefix, self.cfg.continuations)
@@ -162,6 +162,7 @@ class Tree:
             return "no_signal"
         if mc in (0.0, 1.0):
             return "all_correct" if mc == 1 else "all_wrong"
+        import asyncio  # (imported where used: a command's --help loads no asyncio)
         self._changed = asyncio.Event()  # the pool grew or a search ended (parallel selections wait on it)
         self._running = 0
         await asyncio.gather(*(self._selections() for _ in range(c.parallel_selections)))

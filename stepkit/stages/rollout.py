@@ -16,7 +16,6 @@ default it asks for one step per line and a final "The answer is N." line.
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -242,6 +241,7 @@ class RolloutStage(EngineStage):
         counters (samples, truncated, no_final_answer, correct, ungradable)."""
         prompts = [self.engine.render_chat(self.prompt.messages(r["prompt"])) for r in rows]
         # one request of N samples per problem; every sample is a row (an error completion a row's error)
+        import asyncio  # (imported where used: a command's --help loads no asyncio)
         got = await asyncio.gather(*(sample_parsed(self.engine, p, self.sampling, lambda c: c, self.name,
                                                    want=self.samples, stop_on_error=False) for p in prompts))
         results = [g.completions for g in got]
