@@ -77,22 +77,3 @@ stage.close()
                                               "sympy": False}
     assert got["heavy"] == []
 
-
-
-def test_writing_rows_loads_no_pandas_and_pyarrow_gets_pandas_back_once_imported():
-    """pyarrow's first conversion of Python values would import pandas only to ask whether they are pandas
-    objects: building a shard's table loads none; once anything imports pandas, pyarrow reads its objects as
-    pandas objects again (a categorical Series becomes a dictionary array, a DataFrame converts)."""
-    code = """
-import pyarrow as pa
-from stepkit.shards import rows_to_table
-t = rows_to_table([{"a": 1, "s": ["x"]}], pa.schema([pa.field("a", pa.int64()), pa.field("s", pa.list_(pa.string()))]))
-before = "pandas" in sys.modules
-import pandas as pd
-cat = pa.array(pd.Series(pd.Categorical(["x", "y", "x"])))
-frame = pa.Table.from_pandas(pd.DataFrame({"c": pd.Categorical(["u", "u"])}))
-out = {"before": before, "rows": t.num_rows, "cat": str(cat.type).startswith("dictionary"),
-       "frame": str(frame.schema.field("c").type).startswith("dictionary"), "back": type(t.to_pandas()).__name__}
-"""
-    got = loaded(code, ("pandas",))
-    assert got["out"] == {"before": False, "rows": 1, "cat": True, "frame": True, "back": "DataFrame"}
