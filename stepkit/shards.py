@@ -31,68 +31,6 @@ ROW_GROUP_BYTES = 64 * 1024 * 1024
 """Upper bound on the uncompressed bytes of one row group (a row group holds at least one row)."""
 
 
-def _defer_pandas() -> None:
-    """Keep pyarrow from importing pandas until something else does.
-
-    pyarrow's first conversion of Python values (``pa.array``, ``Table.from_pylist``: every shard stepkit
-    writes) imports pandas, 0.3-0.8 s of a command's start-up (``filter`` of a 1,000-row shard spent more
-    on it than on its rows), only to ask whether each value is a pandas object. While pandas is not
-    imported no value can be one, so that first question is asked here with pandas hidden (an import
-    finder that refuses it, for one empty conversion): pyarrow notes "no pandas" and goes on.
-    The moment anything imports pandas (``datasets`` in ``export``, a ``to_pandas`` call, a test), an
-    import hook hands pyarrow the real module (``pyarrow.lib._pandas_api.pd``, which imports it properly),
-    so pyarrow's pandas support is back before any pandas object exists. Does nothing when pandas is
-    already imported, or when pyarrow's shim is not where this pyarrow keeps it.
-    """
-    import importlib.abc
-    import importlib.util
-
-    shim = getattr(pa.lib, "_pandas_api", None)
-    if "pandas" in sys.modules or shim is None:
-        return
-
-    class _Rearm(importlib.abc.MetaPathFinder):
-        def find_spec(self, name, path=None, target=None):
-            if name != "pandas":
-                return None
-            sys.meta_path[:] = [f for f in sys.meta_path if f is not self]
-            spec = importlib.util.find_spec("pandas")
-            if spec is None or spec.loader is None:
-                return spec
-            real = spec.loader
-
-            class Loader(importlib.abc.Loader):
-                def create_module(self, spec):
-                    return real.create_module(spec)
-
-                def exec_module(self, module):
-                    real.exec_module(module)
-                    try:
-                        shim.pd  # noqa: B018 - pyarrow imports pandas for real now (it is in sys.modules)
-                    except Exception:  # noqa: BLE001 - a pandas this pyarrow refuses: as without the deferral
-                        pass
-
-            spec.loader = Loader()
-            return spec
-
-    class _Hide(importlib.abc.MetaPathFinder):
-        def find_spec(self, name, path=None, target=None):
-            if name == "pandas":
-                raise ModuleNotFoundError("No module named 'pandas'", name="pandas")
-            return None
-
-    hide = _Hide()
-    sys.meta_path.insert(0, hide)  # `import pandas` raises ImportError while this is first
-    try:
-        pa.array([], pa.null())  # pyarrow's one import attempt: no pandas, remembered
-    finally:
-        sys.meta_path[:] = [f for f in sys.meta_path if f is not hide]
-    sys.meta_path.insert(0, _Rearm())
-
-
-_defer_pandas()
-
-
 def resolve_path(path: str | os.PathLike) -> Path:
     """``Path(path).resolve()``, with a symlink loop as one clear :class:`InputError` (pathlib raises
     ``RuntimeError`` or ``OSError`` for it)."""
