@@ -6,7 +6,8 @@ scheduler (bench/bench_cpu_threads.py); the engine tests leave most of that last
 are single-threaded Python. So the other part runs pinned to the last core, the engine part unpinned, and
 the suite takes about as long as its engine part alone. With one core both parts run one after the other.
 
-    python tests/run_parts.py [pytest options...]     (what `make test` runs; e.g. -q --durations=30)
+    python tests/run_parts.py [pytest options and paths...]   (`make test` runs it with -q --durations=30;
+                                                              no path: all of tests/)
 
 Each part writes its report to a log that is printed whole when the part ends (the engine part's last);
 the exit status is the first non-zero of the two (pytest's own codes), 0 when both pass.
@@ -26,12 +27,14 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def main(argv: list[str]) -> int:
     cores = sorted(os.sched_getaffinity(0))
+    paths = [a for a in argv if not a.startswith("-") and (ROOT / a.split("::")[0]).exists()]
     work = Path(tempfile.mkdtemp(prefix="stepkit-tests-"))
     parts = {}
     for part in ("other", "engine"):
         log = (work / f"{part}.log").open("w")
         pin = {cores[-1]} if part == "other" and len(cores) > 1 else None
-        cmd = [sys.executable, "-m", "pytest", "tests", f"--part={part}", f"--basetemp={work / part}", *argv]
+        cmd = [sys.executable, "-m", "pytest", *([] if paths else ["tests"]), f"--part={part}",
+               f"--basetemp={work / part}", *argv]
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
                                 preexec_fn=(lambda pin=pin: os.sched_setaffinity(0, pin)) if pin else None)
         parts[part] = (proc, log, time.monotonic())
