@@ -85,7 +85,7 @@ bench: model
 	@# the closed loop (clue / outcome / last-step labels -> SmolLM2-135M PRMs -> ProcessBench held-out half);
 	@# reduced to fit a 2-core CPU: 64 training solutions, 192 tokens, 6 optimizer steps of 4 per labeller
 	$(BIN)/python bench/closed_loop.py --data $(DATA) --work out/bench/closed-loop --json out/bench/closed-loop.json \
-		--train-rows 64 --max-length 192 --max-steps 6 --batch-size 4
+		--train-rows 64 --max-length 192 --max-steps 6 --batch-size 4 --threads 1 --heldout-rows 64
 
 clean:
 	rm -rf out .pytest_cache
