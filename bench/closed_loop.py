@@ -19,7 +19,8 @@ budget of this run.
 Each labeller's export trains one PRM from the bundled SmolLM2-135M with the same budget (``--max-length``,
 ``--max-steps``, ``--batch-size``, ``--learning-rate``); each PRM scores the held-out half of ProcessBench gsm8k
 (``int(sha256(id), 16)`` odd) with ``prm-label`` (vLLM's pooling runner) at the default threshold 0.5, and is scored
-by ``eval``'s ProcessBench F1 with a bootstrap 95% interval (rows resampled, 1000 draws, seed 0), the per-step AUC
+by ``eval``'s ProcessBench F1 with a bootstrap 95% interval (1000 draws, seed 0, erroneous and correct rows
+each resampled within their own group), the per-step AUC
 (steps before the human first error are correct, the first error is wrong, later steps unlabelled), and exact
 first-error hits on erroneous rows against the fair floor "outcome + a random step" (expected hits, and the
 exact Poisson-binomial P(X >= hits)).
@@ -117,13 +118,14 @@ def score(path: Path, seed: int = 0) -> dict:
     gold = [r["reference_first_error"] for r in rows]
     pred = [r["prm_first_error"] for r in rows]
     f = processbench_f1(gold, pred)
+    # the bootstrap resamples erroneous and correct rows each within its own group (a stratified bootstrap), so
+    # every draw has both and an F1, also on a small sample
     rng = random.Random(seed)
+    groups = [[i for i, g in enumerate(gold) if g >= 0], [i for i, g in enumerate(gold) if g < 0]]
     draws = []
-    for _ in range(1000):
-        idx = [rng.randrange(len(rows)) for _ in rows]
-        x = processbench_f1([gold[i] for i in idx], [pred[i] for i in idx])["f1"]
-        if x is not None:
-            draws.append(x)
+    for _ in range(1000 if all(groups) else 0):
+        idx = [grp[rng.randrange(len(grp))] for grp in groups for _ in grp]
+        draws.append(processbench_f1([gold[i] for i in idx], [pred[i] for i in idx])["f1"])
     draws.sort()
     pos, neg = [], []
     for r in rows:
