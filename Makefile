@@ -83,9 +83,11 @@ bench: model
 	$(BIN)/python bench/bench_ray.py --data $(DATA) --work out/bench/ray --json out/bench/ray.json
 	$(BIN)/python bench/bench_report.py --data $(DATA) --work out/bench/report --json out/bench/report.json
 	@# the closed loop (clue / outcome / last-step labels -> SmolLM2-135M PRMs -> ProcessBench held-out half);
-	@# reduced to fit a 2-core CPU: 64 training solutions, 192 tokens, 6 optimizer steps of 4 per labeller
+	@# reduced to fit a 2-core CPU (about 40 minutes): 128 training solutions, 192 tokens, 32 optimizer steps of 4
+	@# per labeller, one torch thread; all 193 held-out rows (bench/results/closed_loop-2026-12-03.* is one run)
 	$(BIN)/python bench/closed_loop.py --data $(DATA) --work out/bench/closed-loop --json out/bench/closed-loop.json \
-		--train-rows 64 --max-length 192 --max-steps 6 --batch-size 4
+		--table out/bench/closed-loop.md --train-rows 128 --max-length 192 --max-steps 32 --batch-size 4 \
+		--learning-rate 1e-4 --threads 1
 
 clean:
 	rm -rf out .pytest_cache

@@ -233,3 +233,42 @@ def test_eval_split_and_last_step_only(export, tiny_base, tmp_path):
     assert doc["counts"]["labels"] == doc["counts"]["labels_trained"] == 3  # the outcome only
     assert doc["eval_counts"]["labels"] == doc["eval_counts"]["steps"]  # evaluated on every step's label
     assert doc["eval_loss"] is not None and math.isfinite(doc["eval_loss"])
+
+
+def test_threads_reach_torch_for_the_run_and_are_restored(export, tiny_base, tmp_path, monkeypatch):
+    """--threads N is torch.set_num_threads(N) while training (recorded in stepkit-prm.json and the card),
+    the caller's count is restored afterwards, and the count is no part of the identity (a rerun with another
+    count is up to date, not refused)."""
+    import torch
+
+    calls = []
+    real = torch.set_num_threads
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: (calls.append(n), real(n))[1])
+    before = torch.get_num_threads()
+    real(2)
+    try:
+        r = invoke("train-prm", export, tmp_path / "out", "--base-model", tiny_base, "--max-length", MAX_LEN,
+                   "--step-separator", SEP, "--max-steps", 1, "--batch-size", 2, "--threads", 1, "--no-progress")
+        assert torch.get_num_threads() == 2  # restored
+        assert calls == [1, 2]
+        doc = json.loads((tmp_path / "out" / PRM_FILE).read_text())
+        assert doc["train"]["threads"] == 1 and "threads" not in doc["settings"]
+        assert "1 torch thread(s)" in r.stderr and "| torch threads | `1` |" in (tmp_path / "out" / "README.md").read_text()
+        r = invoke("train-prm", export, tmp_path / "out", "--base-model", tiny_base, "--max-length", MAX_LEN,
+                   "--step-separator", SEP, "--max-steps", 1, "--batch-size", 2, "--threads", 2, "--no-progress")
+        assert "up to date" in r.stderr
+    finally:
+        real(before)
+
+
+@pytest.mark.parametrize(("cores", "expected"), [({0}, 1), ({0, 1}, 1), (set(range(8)), 4)])
+def test_threads_auto_is_half_the_usable_cores(cores, expected, monkeypatch):
+    import os
+
+    from stepkit.stages.train_prm import resolve_threads
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: cores)
+    assert resolve_threads("auto") == expected and resolve_threads(3) == 3
+    assert TrainPRMConfig(base_model="x").threads == "auto"
+    with pytest.raises(Exception, match="threads"):
+        TrainPRMConfig(base_model="x", threads=0)

@@ -44,5 +44,5 @@ def command(dataset, out, force, progress, **kw):
               else "-")
     if doc["eval_loss"] is not None:
         t.add_row("evaluation loss", f"{doc['eval_loss']:.4f}")
-    t.add_row("seconds", f"{tr['seconds']:.1f}")
+    t.add_row("seconds", f"{tr['seconds']:.1f}" + (f" ({tr['threads']} torch thread(s))" if tr.get("threads") else ""))
     make_console(stderr=True).print(t)

@@ -61,6 +61,7 @@ def model_card(doc: dict[str, Any], export_manifest: dict | None) -> str:
                 ("tokens trained on", c["tokens"])]), "",
         "## Training", "",
         _table([("loss", doc["loss"]), ("optimizer steps", tr["steps"]), ("seconds", tr["seconds"]),
+                ("torch threads", tr.get("threads")),
                 ("first / last logged loss", f"{tr['first_loss']} / {tr['last_loss']}"),
                 ("mean training loss", tr["train_loss"]), ("evaluation loss", doc["eval_loss"]),
                 ("resumed from", tr["resumed_from"])]), "",

@@ -26,6 +26,13 @@ export's manifest with local paths reduced to file names, as ``stepkit publish``
 ``stepkit-prm.json`` (what ``stepkit prm-label`` reads: the layout, separator, BOS token, label index). Checkpoints go
 to ``OUT/checkpoints/`` every ``--save-steps``; a rerun of the same command resumes from the latest one; a
 different configuration is refused unless ``--force``.
+
+Threads: ``--threads N`` sets ``torch.set_num_threads(N)`` for the run (the previous value is restored after it,
+so an in-process caller keeps its own). The default, ``auto``, is half the cores this process may use, at least
+one: on a CPU shared with other work, torch's own default (every core) oversubscribes it, and on this 2-core
+machine two torch threads were 5-14x slower than one while the other core was busy (one thread, fp32: about
+8 s per optimizer step at batch 4, 192 tokens). Give every core (``--threads 2`` there) only when the machine
+is otherwise idle. The thread count does not enter the identity: a rerun with another count resumes.
 """
 
 from __future__ import annotations
@@ -78,6 +85,9 @@ class TrainPRMConfig(Config):
     save_steps: int = opt(500, "Write a checkpoint every N steps (OUT/checkpoints; a rerun resumes from the last).",
                           min=1, identity=False)
     keep_checkpoints: bool = opt(False, "Keep OUT/checkpoints after training.", identity=False)
+    threads: int = opt("auto", "CPU threads torch computes with (torch.set_num_threads). auto: half the cores "
+                       "this process may use, at least 1 (every core oversubscribes a CPU shared with other work).",
+                       min=1, words=("auto",), identity=False, metavar="N|auto")
 
     def __post_init__(self):
         super().__post_init__()
@@ -85,6 +95,31 @@ class TrainPRMConfig(Config):
             raise ConfigError("--base-model is required (smollm2-135m or a local model folder)")
         if self.eval_split is not None and self.eval_split == self.split:
             raise ConfigError(f"--eval-split {self.eval_split} is the training split")
+
+
+def resolve_threads(threads: int | str) -> int:
+    """The torch thread count for ``--threads``: N itself, or for ``auto`` half the cores in this process's
+    CPU set (``os.sched_getaffinity``; ``os.cpu_count()`` where that is missing), at least 1."""
+    if threads != "auto":
+        return int(threads)
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cores = os.cpu_count() or 1
+    return max(1, cores // 2)
+
+
+@contextlib.contextmanager
+def torch_threads(threads: int | str):
+    """Run the block with ``torch.set_num_threads(resolve_threads(threads))``, restoring the previous count."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(resolve_threads(threads))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 # ----------------------------------------------------------------------------------------------- data
@@ -391,7 +426,7 @@ def train_prm(dataset: str, out: str | Path, cfg: TrainPRMConfig, force: bool = 
     state = _check_out(out, ident, force, dataset)
     if state == "done":
         return {**json.loads((out / PRM_FILE).read_text()), "status": "up to date"}
-    with _set_aside(out, state == "replace"):
+    with _set_aside(out, state == "replace"), torch_threads(cfg.threads):
         return _train(dataset, data, out, cfg, base, ident, state, progress, log)
 
 
@@ -463,6 +498,7 @@ def _train(dataset: str, data, out: Path, cfg: TrainPRMConfig, base, ident: dict
                                                      "eval_split": cfg.eval_split},
            "counts": counts, "eval_counts": eval_counts,
            "train": {"steps": int(result.global_step), "seconds": round(seconds, 1), "resumed_from": resume,
+                     "threads": torch.get_num_threads(),
                      "first_loss": losses[0][1] if losses else None, "last_loss": losses[-1][1] if losses else None,
                      "train_loss": float(result.training_loss) if not math.isnan(result.training_loss) else None},
            "eval_loss": eval_loss, "identity": ident, "stepkit_version": __version__, "settings": identity(cfg)}
