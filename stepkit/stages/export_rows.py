@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 
 from stepkit.columns import Meanings, read_meanings
-from stepkit.errors import InputError
+from stepkit.errors import ConfigError, InputError
 from stepkit.grading.verdicts import first_error_of, labels_from_first_error
 from stepkit.schema import (
     PROBLEMS_NOT_TRAJECTORIES,
@@ -170,6 +170,12 @@ class Converter:
         if self.cfg.soft and kind != "float":
             raise InputError(path, f"--soft needs step values (list<float>), found "
                                    f"{schema.field(self.cfg.labels).type}", column=self.cfg.labels)
+        if self.cfg.threshold is not None and self.cfg.soft:  # (after a score column's own refusal)
+            raise ConfigError("--threshold makes hard labels from step values: --soft writes the values themselves; "
+                              "give one or the other")
+        if self.cfg.threshold is not None and kind != "float":
+            raise InputError(path, f"holds {'first-error indices' if kind == 'index' else 'step labels'}: "
+                                   "--threshold is for step values (list<float>); drop it", column=self.cfg.labels)
         if self.cfg.format == "processbench" and kind == "float":
             raise InputError(path, "--format processbench needs a first-error index or step labels, found step "
                                    "values", column=self.cfg.labels)
