@@ -238,3 +238,41 @@ def test_a_second_train_prm_into_one_out_is_refused(tmp_path):
     with OutputLock(out), pytest.raises(ConfigError, match="another stepkit run is writing this output"):
         train_prm(str(tmp_path / "trl"), out, TrainPRMConfig(base_model="smollm2-135m", max_steps=1), progress=False)
     assert not out.exists()
+
+
+def test_a_score_on_a_0_1_scale_is_not_called_outside_0_1_and_an_empty_step_tag_is_refused(tmp_path):
+    """check-steps' check_score (declared a 0-1 score) was refused with "holds 0-1 scores, not values in [0, 1]",
+    which contradicts itself; ``prm-label --step-tag ''`` silently read the default tag."""
+    from stepkit.stages.prm_label import PRMLabelConfig
+    from tests.conftest import DATA
+
+    run_cli("ingest", "processbench", DATA / "processbench" / "gsm8k.json", tmp_path / "pb.parquet", "--limit", 2)
+    run_cli("check-steps", tmp_path / "pb.parquet", tmp_path / "cs.parquet", "--no-progress")
+    line = error_line(run_cli("export", tmp_path / "cs.parquet", tmp_path / "o", "--labels", "check_score",
+                              check=False))
+    assert "holds 0-1 scores on a scale of their own (declared scale 'score'), not step values" in line
+    assert "not values in [0, 1]" not in line
+    with pytest.raises(ConfigError, match="--step-tag '': a step tag is text"):
+        PRMLabelConfig(kind="math-shepherd", step_tag="")
+
+
+@pytest.mark.parametrize("column, make", [
+    ("steps", lambda t: pa.array(["\n\n".join(x) for x in t.column("steps").to_pylist()])),
+    ("mc_value", lambda t: pa.array([[str(v) for v in x or []] for x in t.column("mc_value").to_pylist()],
+                                    pa.list_(pa.string()))),
+])
+def test_stats_and_report_refuse_a_column_of_another_type(tmp_path, column, make):
+    """stats and report read columns without checking their types: string steps were a traceback in report and
+    counted by stats; list<string> values were a traceback in stats and drawn by report."""
+    rows = labelled(3)
+    for r in rows:
+        r["mc_status"] = "ok"
+    t = pq.read_table(write(tmp_path / "in.parquet", rows))
+    i = t.schema.get_field_index(column)
+    bad = t.set_column(i, pa.field(column, make(t).type), make(t))  # (written by another tool: no declaration)
+    pq.write_table(bad, tmp_path / "bad.parquet")
+    want = f"error: {tmp_path / 'bad.parquet'}: column '{column}': expected type"
+    assert error_line(run_cli("stats", tmp_path / "bad.parquet", check=False)).startswith(want)
+    assert error_line(run_cli("report", tmp_path / "bad.parquet", "-o", tmp_path / "r.html",
+                              check=False)).startswith(want)
+    run_cli("stats", tmp_path / "in.parquet")

@@ -114,7 +114,8 @@ def _label_kind(schema: pa.Schema, path: Path, col: str, soft: bool = False, thr
             if scale == "score" and (soft or threshold is None):
                 own = col.replace("_score", "_label")
                 low, high = meaning.range
-                raise InputError(path, f"holds {low:g}-{high:g} scores, not values in [0, 1]: "
+                raise InputError(path, f"holds {low:g}-{high:g} scores on a scale of their own (declared "
+                                       f"scale 'score'), not step values: "
                                        + ("they are no soft labels" if soft else "value > 0 would call nearly every "
                                           "step correct") + f"; use --labels {own}, or hard labels with --threshold X",
                                  column=col)
