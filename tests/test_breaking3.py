@@ -276,3 +276,15 @@ def test_stats_and_report_refuse_a_column_of_another_type(tmp_path, column, make
     assert error_line(run_cli("report", tmp_path / "bad.parquet", "-o", tmp_path / "r.html",
                               check=False)).startswith(want)
     run_cli("stats", tmp_path / "in.parquet")
+
+
+def test_a_split_emptied_by_on_too_long_drop_says_so(tmp_path):
+    """``--on-too-long drop`` leaving no row said 'input rows: 8, null labels: 0, flagged by filter: 0', naming no
+    cause."""
+    from tests.conftest import DATA
+
+    run_cli("ingest", "processbench", DATA / "processbench" / "gsm8k.json", tmp_path / "pb.parquet", "--limit", 3)
+    line = error_line(run_cli("export", tmp_path / "pb.parquet", tmp_path / "o", "--labels", "reference_first_error",
+                              "--tokenizer", "smollm2-135m", "--max-length", 8, "--on-too-long", "drop", check=False))
+    assert "the train split would have no rows (input rows: 3, null labels: 0, flagged by filter: 0, over " \
+           "--max-length: 3); nothing written" in line

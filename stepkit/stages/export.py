@@ -326,7 +326,9 @@ def _export(in_path, shards: list[Path], out: Path, cfg: ExportConfig, force: bo
                 if not buffers[s] and not files[s]:  # datasets cannot load a split with no rows
                     raise StepkitError(f"{in_path}: the {s} split would have no rows (input rows: {counts['rows_in']}, "
                                        f"null labels: {counts['null_labels']}, flagged by filter: "
-                                       f"{counts['filtered']}); nothing written")
+                                       f"{counts['filtered']}"
+                                       + (f", over --max-length: {counts['too_long']}" if counts.get("too_long") else "")
+                                       + "); nothing written")
                 if buffers[s]:
                     flush(s)
             data_files: dict[str, list[str]] = {}
