@@ -25,7 +25,7 @@ from stepkit.columns import Column, read_meanings
 from stepkit.console import make_console
 from stepkit.conversations import ConversationError, message_text, tool_calls
 from stepkit.errors import InputError
-from stepkit.schema import error_reason
+from stepkit.schema import check_column_types, error_reason
 from stepkit.shards import (
     iter_record_batches,
     list_shards,
@@ -177,6 +177,8 @@ def print_stats(shard, views: list[StageView] = (), console: Console | None = No
     """
     console = console or make_console()
     shards = list_shards(shard)
+    for p in shards:  # every column of its declared type (breaking run, 2026-12-03: string steps counted as
+        check_column_types(open_parquet(p).schema_arrow, p)  # characters, list<string> values a traceback)
     names = [set(open_parquet(p).schema_arrow.names) for p in shards]
     present = [v for v in views if v.stats and any(v.marker in n for n in names)]
     figs: dict = {}

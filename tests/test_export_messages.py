@@ -133,7 +133,7 @@ def test_scores_on_their_own_scale_need_a_threshold_and_are_never_soft(labelled_
     values = [[top * (s % 3) / 4 for s in range(len(r["steps"]))] for r in rows]  # 0, top/4, top/2, ...
     src = set_column(labelled_tau, tmp_path / "scores.parquet", col, values, pa.list_(pa.float32()))
     for soft in (False, True):
-        with pytest.raises(InputError, match=rf"column '{col}': holds 0-{top:g} scores, not values in \[0, 1\]"):
+        with pytest.raises(InputError, match=rf"column '{col}': holds 0-{top:g} scores on a scale of their own \(declared scale 'score'\), not step values"):
             export(src, tmp_path / "o", ExportConfig(format="messages", labels=col, soft=soft))
         assert not (tmp_path / "o").exists()
     with pytest.raises(InputError, match="they are no soft labels"):
@@ -142,7 +142,8 @@ def test_scores_on_their_own_scale_need_a_threshold_and_are_never_soft(labelled_
     assert load(tmp_path / "hard")["labels"] == [[v > top / 2 - 0.01 for v in vs] for vs in values]
     p = run_cli("export", src, tmp_path / "cli", "--format", "messages", "--labels", col, check=False)
     assert p.returncode == 1 and p.stderr.strip().splitlines() == [
-        f"error: {src}: column '{col}': holds 0-{top:g} scores, not values in [0, 1]: value > 0 would call nearly "
+        f"error: {src}: column '{col}': holds 0-{top:g} scores on a scale of their own (declared scale 'score'), not "
+        f"step values: value > 0 would call nearly "
         f"every step correct; use --labels {col.replace('_score', '_label')}, or hard labels with --threshold X"]
 
 

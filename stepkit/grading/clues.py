@@ -239,6 +239,9 @@ def _trim(expr: str) -> str:
     return s[a:b]
 
 
+MAX_BITS = 1 << 16  # the largest power the arithmetic reader evaluates (about 20,000 digits)
+
+
 class _Parser:
     """Recursive descent over ``+ - * / ^ ( )`` and ``N%`` (N/100), in exact rationals."""
 
@@ -292,6 +295,10 @@ class _Parser:
             e = self.unary()
             if e.denominator != 1 or abs(e) > 64:
                 raise ValueError("exponent")
+            # a power of a power ((9^64)^64)^64...: each level multiplies the digits by up to 64, so a 30-character
+            # claim would take hours (and all memory) to evaluate; no step's arithmetic is that large
+            if max(v.numerator.bit_length(), v.denominator.bit_length()) * abs(int(e)) > MAX_BITS:
+                raise ValueError("too large")
             v = v ** int(e)
         return v
 

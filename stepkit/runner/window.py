@@ -65,7 +65,65 @@ def run_chunks(stage: Stage, chunks: Iterable[Chunk | None], window: int,
                 token = start(i, rows)
                 finish(i, rows, token, stage.process(rows))
         return
-    run_sync(_window(stage, chunks, max(1, window), start, finish))
+    _run_window(_window(stage, chunks, max(1, window), start, finish))
+
+
+def _run_window(coro) -> None:
+    """Run the window's coroutine on a loop of its own. In the main thread, SIGINT and SIGTERM (when a Python
+    handler has them: the CLI's, or Ctrl-C's) are taken by the loop while it runs: the first cancels the window
+    (the chunks in flight are cancelled and awaited, so nothing is left pending), then the handler that had the
+    signal is called, and raises as it would have (``Interrupted``: one line); a second signal during that calls
+    it at once. Without this, the handler's exception was raised inside a chunk's task, and the loop closed on
+    tasks still pending: dozens of lines of asyncio tracebacks after the one line (breaking run, 2026-12-03)."""
+    import asyncio
+    import signal
+    import threading
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        pass
+    else:  # (beside a running loop: in a thread of its own, where no signal arrives)
+        run_sync(coro)
+        return
+    loop = asyncio.new_event_loop()
+    main = loop.create_task(coro)
+    caught: list[int] = []
+    previous: dict = {}
+
+    def on_signal(signum: int) -> None:
+        if caught:  # a second signal while the window unwinds: at once
+            previous[signum](signum, None)
+        caught.append(signum)
+        main.cancel()
+
+    if threading.current_thread() is threading.main_thread():
+        for s in (signal.SIGINT, signal.SIGTERM):
+            handler = signal.getsignal(s)
+            if callable(handler):
+                previous[s] = handler
+                loop.add_signal_handler(s, on_signal, s)
+    try:
+        loop.run_until_complete(main)
+    except asyncio.CancelledError:
+        if not caught:
+            raise
+    finally:
+        try:
+            rest = asyncio.all_tasks(loop)
+            for task in rest:
+                task.cancel()
+            if rest:
+                loop.run_until_complete(asyncio.gather(*rest, return_exceptions=True))
+            loop.run_until_complete(loop.shutdown_asyncgens())
+        finally:
+            for s, handler in previous.items():
+                loop.remove_signal_handler(s)
+                signal.signal(s, handler)
+            loop.close()
+    if caught:
+        previous[caught[0]](caught[0], None)  # raises (Interrupted, KeyboardInterrupt)
+        raise KeyboardInterrupt  # (a handler that returned)
 
 
 async def _window(stage: Stage, chunks: Iterable[Chunk | None], window: int, start, finish) -> None:

@@ -98,6 +98,19 @@ def lineage(export_manifest: dict) -> list[dict[str, Any]]:
 
 # ------------------------------------------------------------------------------------------ statistics
 
+def shepherd_tags(text: str, label: str) -> list[str]:
+    """The ``+`` / ``-`` of a Math-Shepherd row, read where its ``input`` has the step tag (`` ки``), as TRL's
+    converter reads them: a step's own line ending in `` +`` or `` -`` is text, not a label (breaking run E16)."""
+    from stepkit.stages.export_text import TAG
+
+    pieces, pos, tags = text.split(" " + TAG), 0, []
+    for piece in pieces[:-1]:
+        pos += len(piece)
+        tags.append(label[pos + 1:pos + 2])
+        pos += 2
+    return tags
+
+
 def _step_labels(folder: Path, files: list[str], fmt: str) -> list[tuple[list[float], int | None]]:
     """Per row: (per-step labels as floats, first error or None for soft labels) from the data files."""
     rows = []
@@ -111,9 +124,8 @@ def _step_labels(folder: Path, files: list[str], fmt: str) -> list[tuple[list[fl
                 first = next((i for i, x in enumerate(labels) if not x), -1) if hard else None
                 rows.append(([float(x) for x in labels], first))
         elif fmt == "math-shepherd":
-            for label in t.column("label").to_pylist():
-                tags = [line[-1] for line in label.split("\n") if line.endswith((" +", " -"))]
-                v = [1.0 if c == "+" else 0.0 for c in tags]
+            for text, label in zip(t.column("input").to_pylist(), t.column("label").to_pylist()):
+                v = [1.0 if c == "+" else 0.0 for c in shepherd_tags(text, label)]
                 rows.append((v, next((i for i, x in enumerate(v) if x == 0.0), -1)))
         elif fmt == "processbench":
             for steps, label in zip(t.column("steps").to_pylist(), t.column("label").to_pylist()):
@@ -284,8 +296,9 @@ def render_card(folder: Path, export_manifest: dict, splits: dict[str, list[str]
         stages=stages, filters=filters, split_rows=split_rows, stats=stats, images=images, config=config,
         pretty_name=pretty_name or repo_id.split("/")[-1], lineage_file=lineage_file, report=report,
         human=(export_manifest["config"].get("labels") or "").startswith("reference_"),
-        truncated=any(r.startswith("truncate-after-first-error") for s in filters for r in _rules(s)),
-        kept_correct=any(r.startswith("keep-correct-steps") for s in filters for r in _rules(s)),
+        truncated=_cut_columns(filters, "truncate-after-first-error"),
+        kept_correct=_cut_columns(filters, "keep-correct-steps"),
+        label_column=export_manifest["config"].get("labels"),
         sources=known, unknown_sources="?" in keys, methods=methods,
         warnings=card_sources.read_before_use(stats, export_manifest, stages),
         separator=(export_manifest.get("step_separator") or {}).get("value"),
@@ -304,6 +317,13 @@ def public_lineage(export_manifest: dict) -> dict:
         return doc
 
     return strip(export_manifest)
+
+
+def _cut_columns(filters: list[dict], rule: str) -> list[str]:
+    """The columns the filters' ``rule:COL`` rules cut by, in order (the card names them: a cut by one labeller's
+    first error says nothing of another labeller's exported labels, breaking run E4)."""
+    cols = [r.split(":", 1)[1] for s in filters for r in _rules(s) if r.startswith(rule + ":")]
+    return list(dict.fromkeys(cols))
 
 
 def _rules(filter_stage: dict) -> list[str]:

@@ -130,6 +130,14 @@ class ExportConfig(Config):
             raise ConfigError(f"--format {self.format} needs --labels COL (e.g. mc_label, judge_label, mc_value)")
         if self.soft and self.format not in SOFT_FORMATS:
             raise ConfigError("--soft is for --format trl or messages (the other formats have hard labels)")
+        # an option that does not apply is refused, never silently ignored (breaking run E17)
+        if self.test_size is not None and self.split != "train":
+            raise ConfigError(f"--split {self.split}: with --test-size the splits are train and test; give one or "
+                              "the other")
+        if self.task is not None and self.format != "math-shepherd":
+            raise ConfigError(f"--task is for --format math-shepherd, not {self.format}")
+        if self.threshold is not None and self.format == "pairs":
+            raise ConfigError("--threshold makes hard labels from step values: --format pairs takes no labels")
         if self.test_size is not None and self.test_size >= 1 and self.test_size != int(self.test_size):
             raise ConfigError(f"--test-size {self.test_size}: a share below 1 or a whole number of problems")
 
@@ -145,6 +153,24 @@ def _test_problems(ids: list[str], cfg: ExportConfig) -> set[str]:
                           f"{len(uniq)} problems: nothing left to train on")
     random.Random(cfg.seed).shuffle(uniq)
     return set(uniq[:k])
+
+
+def _exported_keys(conv: Converter, shards: list[Path], key: str) -> list[str]:
+    """The ``key`` (problem_id, else id) of every row the export writes: not flagged by filter, labels not
+    null. Bad rows raise here as they would while writing; the converter's counts are left as they were.
+    (``--on-too-long drop`` is not applied: a test split it empties is refused by the write.)"""
+    counts, dropped = Counter(conv.counts), Counter(conv.dropped_keys)
+    keys, seen = [], set()
+    try:
+        for p in shards:
+            for first, rows in iter_row_chunks(p, 4096):
+                for j, row in enumerate(rows):
+                    check_row(row, p, first + j, conv.cfg.format, seen)
+                    if not flagged(row) and conv.convert(row, p, first + j) is not None:
+                        keys.append(row.get(key))
+    finally:
+        conv.counts, conv.dropped_keys = counts, dropped
+    return keys
 
 
 def _check_out(out: Path, inputs: list[Path], force: bool) -> None:
@@ -207,7 +233,6 @@ def _export(in_path, shards: list[Path], out: Path, cfg: ExportConfig, force: bo
                     raise InputError(p, f"null {key}: --test-size splits by it", row=first + j, column=key)
                 ids.append(r.get(key))
                 seps[r.get("step_separator")] += 1
-    test = _test_problems(ids, cfg)
     if cfg.format == "messages":  # a conversation's steps are messages, never joined into text
         sep, sep_from = None, None
     elif cfg.format == "math-shepherd" and cfg.step_separator is None:  # the released rows' layout
@@ -215,6 +240,9 @@ def _export(in_path, shards: list[Path], out: Path, cfg: ExportConfig, force: bo
     else:
         sep, sep_from = export_text.resolve_separator(cfg.step_separator, seps, cfg.format, in_path)
     conv.sep = sep
+    # the test problems are drawn among the problems that have exported rows (breaking run E5: drawn among all,
+    # a problem whose rows are all null-labelled or flagged could be the whole test split)
+    test = _test_problems(_exported_keys(conv, shards, key) if cfg.test_size is not None else ids, cfg)
     tokens = None
     if cfg.tokenizer is not None:
         from stepkit.stages.export_tokens import TokenCounter
@@ -298,7 +326,9 @@ def _export(in_path, shards: list[Path], out: Path, cfg: ExportConfig, force: bo
                 if not buffers[s] and not files[s]:  # datasets cannot load a split with no rows
                     raise StepkitError(f"{in_path}: the {s} split would have no rows (input rows: {counts['rows_in']}, "
                                        f"null labels: {counts['null_labels']}, flagged by filter: "
-                                       f"{counts['filtered']}); nothing written")
+                                       f"{counts['filtered']}"
+                                       + (f", over --max-length: {counts['too_long']}" if counts.get("too_long") else "")
+                                       + "); nothing written")
                 if buffers[s]:
                     flush(s)
             data_files: dict[str, list[str]] = {}

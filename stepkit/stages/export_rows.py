@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 
 from stepkit.columns import Meanings, read_meanings
-from stepkit.errors import InputError
+from stepkit.errors import ConfigError, InputError
 from stepkit.grading.verdicts import first_error_of, labels_from_first_error
 from stepkit.schema import (
     PROBLEMS_NOT_TRAJECTORIES,
@@ -114,7 +114,8 @@ def _label_kind(schema: pa.Schema, path: Path, col: str, soft: bool = False, thr
             if scale == "score" and (soft or threshold is None):
                 own = col.replace("_score", "_label")
                 low, high = meaning.range
-                raise InputError(path, f"holds {low:g}-{high:g} scores, not values in [0, 1]: "
+                raise InputError(path, f"holds {low:g}-{high:g} scores on a scale of their own (declared "
+                                       f"scale 'score'), not step values: "
                                        + ("they are no soft labels" if soft else "value > 0 would call nearly every "
                                           "step correct") + f"; use --labels {own}, or hard labels with --threshold X",
                                  column=col)
@@ -170,6 +171,12 @@ class Converter:
         if self.cfg.soft and kind != "float":
             raise InputError(path, f"--soft needs step values (list<float>), found "
                                    f"{schema.field(self.cfg.labels).type}", column=self.cfg.labels)
+        if self.cfg.threshold is not None and self.cfg.soft:  # (after a score column's own refusal)
+            raise ConfigError("--threshold makes hard labels from step values: --soft writes the values themselves; "
+                              "give one or the other")
+        if self.cfg.threshold is not None and kind != "float":
+            raise InputError(path, f"holds {'first-error indices' if kind == 'index' else 'step labels'}: "
+                                   "--threshold is for step values (list<float>); drop it", column=self.cfg.labels)
         if self.cfg.format == "processbench" and kind == "float":
             raise InputError(path, "--format processbench needs a first-error index or step labels, found step "
                                    "values", column=self.cfg.labels)

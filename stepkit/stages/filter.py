@@ -288,8 +288,12 @@ class FilterStage(Stage):
                 out = {**(r if cfg.flag_only else views[i]), **meta}
                 _check_lengths(out, step_cols)
                 kept.append(out)
-                _count(counters, "rows_cut", 1 if cut_by[i] else 0)
-                _count(counters, "steps_cut", len(r["steps"]) - len(views[i]["steps"]))
+                # this run's own cuts: a cut an earlier --flag-only run counted (pending) is applied, not
+                # counted again (breaking run E14: the card counted it in both filters)
+                pending = min(r.get("filter_kept_steps") or len(r["steps"]), len(r["steps"]))
+                own = pending - len(views[i]["steps"])
+                _count(counters, "rows_cut", 1 if own > 0 else 0)
+                _count(counters, "steps_cut", own)
             else:
                 (kept if cfg.flag_only else dropped).append({**r, **meta})
                 _count(counters, f"dropped_{reason[i][0]}", 1)

@@ -99,6 +99,13 @@ class PRMLabelConfig(Config):
             raise ConfigError("give --threshold or --calibrate, not both")
         if not self.calibrate and self.calibrate_col != "reference_first_error":
             raise ConfigError("--calibrate-col is for --calibrate")
+        if self.step_tag is not None and not self.step_tag.strip():  # ('' read as "the default", silently)
+            raise ConfigError(f"--step-tag {self.step_tag!r}: a step tag is text the model reads after each step")
+        if self.step_separator is not None:  # typed in a shell: \n is a newline, as export and train-prm read it
+            from stepkit.stages import export_text
+
+            object.__setattr__(self, "step_separator", export_text.unescape(self.step_separator))
+            export_text.check_separator_option(self.step_separator)
 
 
 def kind_of(config: dict, model: str) -> str:

@@ -35,7 +35,7 @@ import pyarrow.compute as pc
 
 from stepkit.columns import Column, Meanings, read_meanings
 from stepkit.errors import InputError
-from stepkit.schema import PROBLEMS_NOT_TRAJECTORIES, REFERENCE_COLUMNS, holds_problems
+from stepkit.schema import PROBLEMS_NOT_TRAJECTORIES, REFERENCE_COLUMNS, check_column_types, holds_problems
 from stepkit.shards import list_shards, open_parquet, read_manifest
 
 MAX_POSITIONS = 40  # value-by-position figures stop at this step position
@@ -105,6 +105,9 @@ def load(paths: list[str | os.PathLike]) -> Source:
             meanings = read_meanings(pf.schema_arrow, shard)  # bad metadata is one line naming the file
             roles = {n for n, c in meanings.columns.items() if c.role in ("label", "value", "first_error", "status")}
             columns = [n for n in pf.schema_arrow.names if n in ROW_COLUMNS or n in roles]
+            # the columns it reads of their declared types (breaking run, 2026-12-03: string steps were a
+            # traceback, list<string> values were drawn as they came)
+            check_column_types(pf.schema_arrow, shard, columns)
             try:
                 tables.append(pf.read(columns=columns))
             except (pa.ArrowException, OSError) as e:

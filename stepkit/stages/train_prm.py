@@ -70,7 +70,9 @@ class TrainPRMConfig(Config):
     base_model: str | None = opt(None, "Base model: a bundled model's name (smollm2-135m) or a local model folder.")
     max_length: int = opt(1024, "Tokens per example; whole steps beyond it are cut and their labels counted.",
                           min=8)
-    step_separator: str = opt("\n", "Put after the prompt and after every step; the label sits on its last token.")
+    step_separator: str | None = opt(None, "Put after the prompt and after every step; the label sits on its last "
+                                     "token (\\n, \\n\\n, ... as typed in a shell) [default: the separator a stepkit "
+                                     "export records, else \\n].", metavar="SEP")
     train_on_last_step_only: bool = opt(False, "Train the last step's label only (outcome supervision, the ORM "
                                         "baseline).")
     epochs: float = opt(1.0, "Passes over the training rows (--max-steps wins when given).", min=0, min_open=True)
@@ -95,6 +97,11 @@ class TrainPRMConfig(Config):
             raise ConfigError("--base-model is required (smollm2-135m or a local model folder)")
         if self.eval_split is not None and self.eval_split == self.split:
             raise ConfigError(f"--eval-split {self.eval_split} is the training split")
+        if self.step_separator is not None:  # typed in a shell: \n is a newline, as export reads it
+            from stepkit.stages import export_text
+
+            object.__setattr__(self, "step_separator", export_text.unescape(self.step_separator))
+            export_text.check_separator_option(self.step_separator)
 
 
 def resolve_threads(threads: int | str) -> int:
@@ -386,6 +393,20 @@ def _check_out(out: Path, ident: dict, force: bool, dataset: str) -> str:
     return "fresh"
 
 
+def _with_separator(cfg: TrainPRMConfig, data: StepwiseData, log) -> TrainPRMConfig:
+    """``cfg`` with its step separator resolved: ``--step-separator``, else the one a stepkit export records
+    (its steps were joined and checked with it), else a newline. A given one that is not the export's is said in
+    one line (breaking run: a ``\\n\\n`` export trained with ``\\n`` silently, steps holding it)."""
+    import dataclasses
+
+    recorded = ((data.manifest or {}).get("step_separator") or {}).get("value")
+    sep = cfg.step_separator if cfg.step_separator is not None else recorded if recorded is not None else "\n"
+    if cfg.step_separator is not None and recorded is not None and cfg.step_separator != recorded:
+        log(f"train-prm: warning: --step-separator {cfg.step_separator!r} is not the separator the export records "
+            f"({recorded!r}); its steps were checked against that one, and may hold this one")
+    return dataclasses.replace(cfg, step_separator=sep)
+
+
 @contextlib.contextmanager
 def _set_aside(out: Path, replace: bool):
     """With ``replace``, move OUT aside while the new model trains: removed when the run succeeds, put back
@@ -422,12 +443,19 @@ def train_prm(dataset: str, out: str | Path, cfg: TrainPRMConfig, force: bool = 
     out = Path(out)
     base = resolve_model(cfg.base_model)
     data = load_stepwise(dataset, [cfg.split] + ([cfg.eval_split] if cfg.eval_split else []), cfg.limit)
+    cfg = _with_separator(cfg, data, log)
     ident = {"config": identity(cfg), "dataset": data.fingerprint, "layout": LAYOUT}
-    state = _check_out(out, ident, force, dataset)
-    if state == "done":
-        return {**json.loads((out / PRM_FILE).read_text()), "status": "up to date"}
-    with _set_aside(out, state == "replace"), torch_threads(cfg.threads):
-        return _train(dataset, data, out, cfg, base, ident, state, progress, log)
+    from stepkit.runner.parts import OutputLock
+
+    # two runs into one OUT at once: the second is refused, naming the first's pid (breaking run: both trained,
+    # and OUT held one run's weights beside the other's stepkit-prm.json and card)
+    out.absolute().parent.mkdir(parents=True, exist_ok=True)  # (save_pretrained makes missing folders too)
+    with OutputLock(out.absolute()):
+        state = _check_out(out, ident, force, dataset)
+        if state == "done":
+            return {**json.loads((out / PRM_FILE).read_text()), "status": "up to date"}
+        with _set_aside(out, state == "replace"), torch_threads(cfg.threads):
+            return _train(dataset, data, out, cfg, base, ident, state, progress, log)
 
 
 def _train(dataset: str, data, out: Path, cfg: TrainPRMConfig, base, ident: dict, state: str, progress: bool,
