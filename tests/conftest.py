@@ -64,6 +64,8 @@ ENGINE_MARKERS = {
                     "that share the default)",
     "own_engine": "starts a vLLM engine in another process (a subprocess, a Ray actor); the session's engine "
                   "and server are closed first (runs last)",
+    "no_vllm": "marked engine (slow, needs the model's files: make test-fast skips it) but loads no vLLM engine: "
+               "runs among the tests without an engine (the other part of tests/run_parts.py)",
 }
 
 
@@ -81,6 +83,8 @@ def pytest_configure(config):
 def _engine_group(item) -> int:
     """Where a test runs: 0 no engine; 1 borrows the session's engine; 2 closes it; 3 another engine;
     4 the session's server; 5 an engine of its own."""
+    if item.get_closest_marker("no_vllm"):
+        return 0
     if item.get_closest_marker("own_engine"):
         return 5
     if "vllm_server_url" in item.fixturenames:

@@ -138,6 +138,7 @@ def real_cache(tmp_path_factory):
 
 
 @pytest.mark.engine
+@pytest.mark.no_vllm  # converts the GGUF weights with transformers: slow, but no engine
 def test_prepare_real_model_is_idempotent(real_cache):
     cache, path, first_seconds = real_cache
     assert path == cache / "models" / NAME
@@ -157,6 +158,7 @@ def test_prepare_real_model_is_idempotent(real_cache):
 
 
 @pytest.mark.engine
+@pytest.mark.no_vllm
 def test_prepared_folder_loads_with_transformers(real_cache):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer

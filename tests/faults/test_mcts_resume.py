@@ -13,8 +13,10 @@ import pyarrow.parquet as pq
 
 from tests.faults.common import committed, manifest, start, stepkit, wait_for_parts
 
+# one problem per chunk and one chunk in flight, so the kill lands between commits (the default window holds
+# all three problems at once; resume with chunks in flight: tests/faults/test_window_resume.py)
 MCTS = ["--engine", "scripted", "--model", "scripted:echo", "-k", "2", "--search-limit", "2", "--rollout-budget", "12",
-        "--no-progress", "--chunk-size", "1"]
+        "--no-progress", "--chunk-size", "1", "--chunks-in-flight", "1"]
 
 
 def test_mcts_label_killed_after_a_committed_chunk_resumes_to_an_uninterrupted_run(solutions, tmp_path, fault_table):
