@@ -51,6 +51,19 @@ def chunk_log(monkeypatch):
     return events
 
 
+def most_in_flight(chunk_log: list[dict]) -> int:
+    """The most chunks started and not yet committed at once, from a run's ``chunk_start``/``chunk_commit``
+    log events."""
+    open_, most = set(), 0
+    for e in chunk_log:
+        if e["event"] == "chunk_start":
+            open_.add(e["chunk"])
+            most = max(most, len(open_))
+        elif e["event"] == "chunk_commit":
+            open_.discard(e["chunk"])
+    return most
+
+
 @pytest.mark.parametrize("case", ["mc-label-binary", "mcts-label", "judge", "rollout"])
 def test_the_window_holds_several_chunks_never_more_and_commits_in_order(case, shards, checker, tmp_path, chunk_log):
     """The next chunk's requests start before the previous chunk commits, at most ``chunks_in_flight``
@@ -64,13 +77,7 @@ def test_the_window_holds_several_chunks_never_more_and_commits_in_order(case, s
                        chunks_in_flight=3)
     commits = [e["chunk"] for e in chunk_log if e["event"] == "chunk_commit"]
     assert commits == list(range(res.chunks)) and res.chunks >= 4
-    open_, most = set(), 0
-    for e in chunk_log:
-        if e["event"] == "chunk_start":
-            open_.add(e["chunk"])
-            most = max(most, len(open_))
-        elif e["event"] == "chunk_commit":
-            open_.discard(e["chunk"])
+    most = most_in_flight(chunk_log)
     assert most == 3  # overlapping, and bounded by the window
 
 
@@ -157,13 +164,7 @@ def test_the_default_window_overlaps_as_many_chunks_as_it_holds(case, shards, ch
     (res,) = run_stage(stage, src, tmp_path / "o.parquet", chunk_size=chunk, progress=False, max_error_rate=1.0)
     commits = [e["chunk"] for e in chunk_log if e["event"] == "chunk_commit"]
     assert commits == list(range(res.chunks))
-    open_, most = set(), 0
-    for e in chunk_log:
-        if e["event"] == "chunk_start":
-            open_.add(e["chunk"])
-            most = max(most, len(open_))
-        elif e["event"] == "chunk_commit":
-            open_.discard(e["chunk"])
+    most = most_in_flight(chunk_log)
     assert 4 < res.chunks <= default_window(chunk) and most == res.chunks
     assert json.loads(json.dumps(read_rows(tmp_path / "o.parquet"), default=str)) == MAIN[case]["rows"]
 
