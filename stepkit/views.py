@@ -12,6 +12,7 @@ tool results and system messages clipped; ``stats`` adds turns, tool calls and p
 from __future__ import annotations
 
 import json
+import math
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -82,8 +83,37 @@ def _declared(shard) -> dict[str, Column]:
     return out
 
 
+def finite(xs) -> list[float]:
+    """The non-null, finite numbers of ``xs`` (numbers or bools): null, NaN and ±inf are left out, as
+    ``filter`` reads them (``stepkit/stages/filter_rules.py``), so no statistic of ``stats`` is NaN."""
+    return [float(x) for x in xs if x is not None and math.isfinite(x)]
+
+
+def mean(xs) -> float | None:
+    """The mean of the finite numbers of ``xs`` (:func:`finite`); None when there are none."""
+    v = finite(xs)
+    return sum(v) / len(v) if v else None
+
+
+def share(pred: Callable, xs) -> float | None:
+    """The share of the finite numbers of ``xs`` for which ``pred`` holds; None when there are none."""
+    v = finite(xs)
+    return sum(1 for x in v if pred(x)) / len(v) if v else None
+
+
+def stat(x: float | None, n: int, digits: int = 3, what: str = "values") -> str:
+    """A statistic as ``stats`` prints it: ``x`` to ``digits`` places, or ``n/a (N values)`` when it is
+    undefined (None: computed from ``n`` = no finite values, or 0/0), never ``nan``."""
+    return f"n/a ({n} {what})" if x is None else f"{x:.{digits}f}"
+
+
+def left_out(xs) -> int:
+    """How many entries of ``xs`` are NaN or ±inf (not null): the values a statistic left out."""
+    return sum(1 for x in xs if x is not None and not math.isfinite(x))
+
+
 def _fmt(x, digits=2):
-    return "-" if x is None else f"{x:.{digits}f}"
+    return "n/a" if x is None else f"{x:.{digits}f}"
 
 
 STREAM_ROWS = 8192  # rows per record batch ``stats`` reads when every view present streams (the tests: fewer)
@@ -167,6 +197,10 @@ def print_stats(shard, views: list[StageView] = (), console: Console | None = No
     stage wrote), e.g. mc-label's value by step position and first-error histogram. A folder whose
     shards were made with different settings gets a warning line naming two of them and the setting
     (:func:`~stepkit.shards.mixed_configuration`; also ``figs["mixed_configuration"]``).
+
+    Undefined statistics: null, NaN and ±inf values are left out of every mean and share (as ``filter`` reads
+    them, :func:`finite`); a statistic with nothing left to be computed from (or a 0/0 share) prints
+    ``n/a (N values)`` (:func:`stat`) and is None in the figures, so the figures are valid JSON (no NaN).
 
     Memory: when every view the shards have a column for streams (:attr:`StageView.stream`) and no shard
     holds conversations, the shards are read by record batch (:data:`STREAM_ROWS` rows), only the
@@ -457,12 +491,12 @@ def _conversation_stats(shard, rows: list[dict], console: Console, figs: dict) -
     turns, calls = sum(n_turns), sum(names.values())
     with_call = sum(sum(f) for f in has_call)
     graded = [r["outcome_correct"] for r in rows if r.get("outcome_correct") is not None]
-    rewards = [r["source_reward"] for r in rows if r.get("source_reward") is not None]
+    rewards = finite(r.get("source_reward") for r in rows)
     fig = {"conversations": len(rows), "turns": turns, "turns_per_conversation": turns / len(rows),
            "tool_calls": calls, "turns_with_tool_calls": with_call,
            "share_turns_with_tool_calls": with_call / turns if turns else None,
            "success_rate": sum(graded) / len(graded) if graded else None,
-           "mean_reward": sum(rewards) / len(rewards) if rewards else None, "tools": dict(names.most_common())}
+           "mean_reward": mean(rewards), "tools": dict(names.most_common())}
     t = Table(title="conversations", show_header=False)
     t.add_row("conversations", str(len(rows)))
     t.add_row("turns per conversation", f"{fig['turns_per_conversation']:.1f} (min {min(n_turns)}, max "
@@ -470,8 +504,8 @@ def _conversation_stats(shard, rows: list[dict], console: Console, figs: dict) -
     t.add_row("tool calls", f"{calls} ({calls / len(rows):.1f} per conversation)")
     t.add_row("turns with tool calls", f"{with_call}/{turns} ({_fmt(fig['share_turns_with_tool_calls'])})")
     t.add_row("success rate", f"{_fmt(fig['success_rate'], 3)} ({sum(graded)}/{len(graded)})")
-    if rewards:
-        t.add_row("mean reward", _fmt(fig["mean_reward"], 3))
+    if any(r.get("source_reward") is not None for r in rows):  # (all NaN: n/a, not left out)
+        t.add_row("mean reward", stat(fig["mean_reward"], len(rewards), what="rewards"))
     if names:
         t.add_row("tools", Text(", ".join(f"{k} {v}" for k, v in names.most_common(8))
                                 + (f", … ({len(names)} tools)" if len(names) > 8 else "")))
@@ -486,14 +520,14 @@ def _conversation_stats(shard, rows: list[dict], console: Console, figs: dict) -
         for c in cols:
             pairs = [(x, f) for r, fl in zip(rows, has_call) if _is_label_list(r.get(c), len(fl))
                      for x, f in zip(r[c], fl) if x is not None]
-            xs = [float(x) for x, _ in pairs]
-            tool, text = [float(x) for x, f in pairs if f], [float(x) for x, f in pairs if not f]
+            xs = finite(x for x, _ in pairs)  # (a NaN score is no value, as for filter)
+            tool, text = finite(x for x, f in pairs if f), finite(x for x, f in pairs if not f)
             hard = all(isinstance(x, bool) for x, _ in pairs)
             wrong = sum(1 for r in rows if isinstance(r.get(c), list) and any(x is False for x in r[c])) \
                 if hard else None
-            mean = lambda v: sum(v) / len(v) if v else None  # noqa: E731
             fig["turn_labels"][c] = {"turns": len(xs), "mean": mean(xs), "with_tool_call": mean(tool),
                                      "without_tool_call": mean(text), "rows_with_false": wrong}
-            lt.add_row(c, str(len(xs)), _fmt(mean(xs), 3), _fmt(mean(tool), 3), _fmt(mean(text), 3), _text(wrong))
+            lt.add_row(c, str(len(xs)), stat(mean(xs), len(xs)), stat(mean(tool), len(tool)),
+                       stat(mean(text), len(text)), _text(wrong))
         console.print(lt)
     figs["conversations"] = fig

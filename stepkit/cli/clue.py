@@ -12,7 +12,7 @@ from rich.text import Text
 from stepkit.cli.common import engine_options, engine_spec, run, runner_options, sampling
 from stepkit.options import click_options, from_params
 from stepkit.stages.clue import ClueRecoverConfig, ClueScoreConfig
-from stepkit.views import StageView
+from stepkit.views import StageView, finite, mean, stat
 
 
 @click.group("clue")
@@ -94,11 +94,6 @@ _optional_model(recover)
 _optional_model(score)
 
 
-def _mean(xs):
-    xs = [x for x in xs if x is not None]
-    return sum(xs) / len(xs) if xs else None
-
-
 def _stats(rows, console, figs, shards):
     """clue's part of ``stats``: clue lists (recover) or hits, scores, coverage by outcome (score)."""
     status = Counter(r.get("clue_status") for r in rows)
@@ -107,8 +102,9 @@ def _stats(rows, console, figs, shards):
     figs["clue_status"] = {str(k): v for k, v in status.items()}
     if any("clue_texts" in r for r in rows):
         lens = [len(r["clue_texts"]) for r in rows if r.get("clue_texts")]
-        figs["clue_mean_clues"] = _mean(lens)
-        t.add_row("clues per problem", f"mean {figs['clue_mean_clues'] or 0:.1f}, max {max(lens, default=0)}")
+        figs["clue_mean_clues"] = mean(lens)
+        t.add_row("clues per problem", f"mean {stat(figs['clue_mean_clues'], len(lens), 1, 'problems with clues')}, "
+                                       f"max {max(lens, default=0)}")
         t.add_row("numeric clues", str(sum(v is not None for r in rows for v in r.get("clue_values") or [])))
         t.add_row("parse failures", str(sum(r.get("clue_parse_failures") or 0 for r in rows)))
     if any("clue_hits" in r for r in rows):
@@ -116,15 +112,16 @@ def _stats(rows, console, figs, shards):
         for name, keep in (("all", lambda r: True), ("correct outcome", lambda r: r.get("outcome_correct") is True),
                            ("incorrect outcome", lambda r: r.get("outcome_correct") is False)):
             sel = [r for r in scored if keep(r)]
-            cov = _mean([r["clue_coverage"] for r in sel])
-            figs[f"clue_coverage_{name.split()[0]}"] = cov
-            t.add_row(f"coverage ({name})", "-" if cov is None else f"{cov:.3f} ({len(sel)} rows)")
+            covs = finite(r["clue_coverage"] for r in sel)
+            figs[f"clue_coverage_{name.split()[0]}"] = cov = mean(covs)
+            t.add_row(f"coverage ({name})", stat(cov, len(covs), what="rows with a coverage") if cov is None
+                      else f"{cov:.3f} ({len(covs)} rows)")
         fe = Counter(r["clue_first_error"] for r in scored)
         figs["clue_first_error_histogram"] = {str(k): v for k, v in fe.items()}
         t.add_row("first error", ", ".join(f"{'none (-1)' if k == -1 else k}: {fe[k]}" for k in sorted(fe)))
-        steps = [s for r in scored for s in r["clue_score"]]
-        figs["clue_mean_step_score"] = _mean(steps)
-        t.add_row("mean step score", "-" if not steps else f"{figs['clue_mean_step_score']:.3f}")
+        steps = finite(s for r in scored for s in r["clue_score"] or [])
+        figs["clue_mean_step_score"] = mean(steps)
+        t.add_row("mean step score", stat(figs["clue_mean_step_score"], len(steps), what="step scores"))
         t.add_row("false arithmetic claims", str(sum(sum(r["clue_false_claims"]) for r in scored)))
         t.add_row("LLM verdict failures", str(sum(r.get("clue_verdict_failures") or 0 for r in scored)))
     console.print(t)

@@ -12,7 +12,7 @@ from stepkit.cli.common import run, runner_options_only
 from stepkit.options import click_options, from_params
 from stepkit.shards import read_manifest
 from stepkit.stages.filter import FilterConfig
-from stepkit.views import StageView, n_steps
+from stepkit.views import StageView, n_steps, stat
 
 
 @click.command("filter")
@@ -100,7 +100,7 @@ def _print_tables(flagged: Counter, flagged_steps: Counter, console, figs, shard
             cells = []
             for when in ("in", "kept"):
                 p, n = counts.get(f"{pos_k}_{when}", 0), counts.get(f"{neg_k}_{when}", 0)
-                cells.append((p, n, f"{p / (p + n):.2f}" if p + n else "-"))
+                cells.append((p, n, stat(p / (p + n) if p + n else None, 0, 2, "labels")))
             b.add_row(col, *(f"{cells[0][i]} -> {cells[1][i]}" for i in range(3)))
         console.print(b)
     if flagged:

@@ -12,7 +12,7 @@ from stepkit.cli.common import check_calibrate, engine_options, engine_spec, run
 from stepkit.options import click_options, from_params
 from stepkit.shards import read_manifest
 from stepkit.stages.likelihood import LikelihoodConfig
-from stepkit.views import StageView
+from stepkit.views import StageView, finite, mean, share, stat
 
 PREFIX_CACHE_NOTE = ("vLLM skips the prefix cache for prompt-log-prob requests unless asked; the offline vllm "
                      "engine reads it and scores each row's full text first, so a shorter prefix costs only its "
@@ -42,10 +42,6 @@ def command(inp, out, **kw):
     run(stage, inp, out, kw, "likelihood-label")
 
 
-def _mean(xs):
-    return sum(xs) / len(xs) if xs else None
-
-
 def _fmt(x, digits=2):
     return "-" if x is None else f"{x:.{digits}f}"
 
@@ -55,18 +51,23 @@ def _tables(rows, console, figs, shards):
     status = Counter(r.get("lh_status") for r in rows)
     figs["lh_status"] = dict(status)
     for cols in (("lh_value", "lh_gain"), ("lh_reward", "lh_q")):  # answer-gain, implicit-prm (a folder may mix)
-        by_pos: dict[int, list[tuple[float, float]]] = {}
+        by_pos: dict[int, tuple[list, list]] = {}
         for r in rows:
             for s, pair in enumerate(zip(r.get(cols[0]) or [], r.get(cols[1]) or [])):
-                by_pos.setdefault(s, []).append(pair)
+                for side, v in zip(by_pos.setdefault(s, ([], [])), pair):
+                    side.append(v)
         if not by_pos:
             continue
-        t = Table(title=f"{cols[0]} and {cols[1]} by step position (nats)")
+        t = Table(title=f"{cols[0]} and {cols[1]} by step position (nats; null, NaN and infinite values left out)")
         for c in ("step", "n", f"mean {cols[0]}", f"mean {cols[1]}", f"share {cols[1]} < 0"):
             t.add_column(c, justify="right")
+        figs[f"{cols[0]}_by_position"] = {}
         for s in sorted(by_pos):
-            a, b = zip(*by_pos[s])
-            t.add_row(str(s), str(len(a)), _fmt(_mean(a)), _fmt(_mean(b)), f"{sum(x < 0 for x in b) / len(b):.2f}")
+            a, b = map(finite, by_pos[s])
+            figs[f"{cols[0]}_by_position"][s] = {"n": len(by_pos[s][0]), cols[0]: mean(a), f"{cols[0]}_values": len(a),
+                                                 cols[1]: mean(b), f"{cols[1]}_values": len(b)}
+            t.add_row(str(s), str(len(by_pos[s][0])), stat(mean(a), len(a), 2), stat(mean(b), len(b), 2),
+                      stat(share(lambda x: x < 0, b), len(b), 2))
         console.print(t)
     fe = Counter(r.get("lh_first_error") for r in rows if r.get("lh_status") == "ok")
     figs["lh_first_error_histogram"] = {str(k): v for k, v in fe.items()}

@@ -12,7 +12,7 @@ from stepkit.options import click_options, from_params
 from stepkit.per_row import MIN_DISTINCT_SHARE, ContinuationTally, distinct_share
 from stepkit.shards import read_manifest
 from stepkit.stages.mc_label import MCLabelConfig
-from stepkit.views import StageView, n_steps
+from stepkit.views import StageView, finite, left_out, mean, n_steps, share, stat
 
 
 @click.command("mc-label")
@@ -48,7 +48,8 @@ class _MCStats:
         self.columns = ("mc_status", "mc_value", "filter_cut_by", "mc_first_error",
                         *(self.TALLY if self.from_rows else ()))
         self.status: Counter = Counter()
-        self.by_pos: dict[int, list[float]] = {}
+        self.by_pos: dict[int, list[float]] = {}  # the finite values at each position
+        self.not_finite = 0  # NaN/inf values, left out as null is (a position of only those: n/a)
         self.no_signal = 0
         self.fe: Counter = Counter()
         self.tally = dict.fromkeys(("continuations", "truncated", "empty", *ContinuationTally.NAMES), 0)
@@ -63,7 +64,8 @@ class _MCStats:
                 for s, v in enumerate(r.get("mc_value") or []):
                     # the last value is the graded outcome (unless filter cut the steps before the answer)
                     if v is not None and (s < n - 1 or r.get("filter_cut_by")):
-                        self.by_pos.setdefault(s, []).append(v)
+                        self.by_pos.setdefault(s, []).extend(finite([v]))
+                        self.not_finite += left_out([v])
             # ungraded rows were never labelled: they are in the status counts, not in the histogram
             if r.get("mc_status") in ("ok", "no_signal"):
                 self.fe[r.get("mc_first_error")] += 1
@@ -74,18 +76,20 @@ class _MCStats:
     def print(self, console, figs, shards) -> None:
         status, by_pos, no_signal, fe = self.status, self.by_pos, self.no_signal, self.fe
         figs["mc_status"] = dict(status)
-        left_out = f"; {no_signal} no_signal row(s) left out" if no_signal else ""
+        notes = (f"; {no_signal} no_signal row(s) left out" if no_signal else "") + \
+            (f"; {self.not_finite} NaN or infinite value(s) left out" if self.not_finite else "")
         t = Table(title=f"MC value by step position (estimated prefixes of rows with a signal; last step = outcome "
-                        f"excluded{left_out})")
+                        f"excluded{notes})")
         figs["value_by_position_rows_left_out"] = no_signal
+        figs["value_by_position_not_finite"] = self.not_finite
         for c in ("step", "n", "mean value", "share == 0", "share == 1"):
             t.add_column(c, justify="right")
         figs["value_by_position"] = {}
         for s in sorted(by_pos):
             vs = by_pos[s]
-            figs["value_by_position"][s] = sum(vs) / len(vs)
-            t.add_row(str(s), str(len(vs)), f"{sum(vs) / len(vs):.3f}", f"{sum(v == 0 for v in vs) / len(vs):.2f}",
-                      f"{sum(v == 1 for v in vs) / len(vs):.2f}")
+            figs["value_by_position"][s] = mean(vs)  # None (n/a) when the position holds no finite value
+            t.add_row(str(s), str(len(vs)), stat(mean(vs), len(vs)), stat(share(lambda v: v == 0, vs), len(vs), 2),
+                      stat(share(lambda v: v == 1, vs), len(vs), 2))
         console.print(t)
         figs["first_error_histogram"] = {str(k): v for k, v in fe.items()}
         h = Table(title="first error (mc_first_error)")
@@ -142,15 +146,15 @@ def continuation_tally(rows, prefix: str) -> dict[str, int]:
 
 def add_continuation_rows(table, figs, tally: dict[str, int], label: str) -> None:
     """The continuation rows of a labeller's ``stats`` table: run, truncated, empty, distinct share."""
-    share = distinct_share(tally)
+    ds = distinct_share(tally)
     table.add_row(label, str(tally["continuations"]))
     table.add_row("truncated (excluded from values)", str(tally["truncated"]))
     table.add_row("empty: no text (excluded from values)", str(tally.get("empty", 0)))
     table.add_row("distinct share (beyond each prefix's first continuation)",
-                  "-" if share is None else f"{share:.2f}" + (f" (below {MIN_DISTINCT_SHARE}: repeated samples)"
-                                                             if share < MIN_DISTINCT_SHARE else ""))
+                  f"n/a ({tally.get('compared_prefixes', 0)} prefixes with two continuations or more)" if ds is None
+                  else f"{ds:.2f}" + (f" (below {MIN_DISTINCT_SHARE}: repeated samples)" if ds < MIN_DISTINCT_SHARE else ""))
     figs.update(continuations=tally["continuations"], truncated=tally["truncated"], empty=tally.get("empty", 0),
-                distinct_share=share)
+                distinct_share=ds)
 
 
 def _fmt(x, digits=2):

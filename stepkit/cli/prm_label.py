@@ -11,7 +11,7 @@ from stepkit.cli.common import check_calibrate, engine_options, engine_spec, run
 from stepkit.options import click_options, from_params
 from stepkit.shards import read_manifest
 from stepkit.stages.prm_label import PRMLabelConfig
-from stepkit.views import StageView
+from stepkit.views import StageView, finite, mean, share, stat
 
 
 @click.command("prm-label")
@@ -47,15 +47,18 @@ def _tables(rows, console, figs, shards):
     for r in rows:
         for s, v in enumerate(r.get("prm_score") or []):
             by_pos.setdefault(s, []).append(v)
-    t = Table(title="prm_score by step position")
+    t = Table(title="prm_score by step position (null, NaN and infinite values left out)")
     for c in ("step", "n", "mean prm_score", "share below threshold"):
         t.add_column(c, justify="right")
     manifests = [m for m in map(read_manifest, shards) if m and m.get("stage") == "prm-label"]
     thresholds = sorted({(m.get("config") or {}).get("threshold") for m in manifests} - {None})
     th = thresholds[0] if len(thresholds) == 1 else 0.5
+    figs["prm_score_by_position"] = {}
     for s in sorted(by_pos):
-        v = by_pos[s]
-        t.add_row(str(s), str(len(v)), f"{sum(v) / len(v):.3f}", f"{sum(x < th for x in v) / len(v):.2f}")
+        v = finite(by_pos[s])
+        figs["prm_score_by_position"][s] = {"n": len(by_pos[s]), "values": len(v), "mean": mean(v),
+                                            "share_below_threshold": share(lambda x: x < th, v)}
+        t.add_row(str(s), str(len(by_pos[s])), stat(mean(v), len(v)), stat(share(lambda x: x < th, v), len(v), 2))
     console.print(t)
     fe = Counter(r.get("prm_first_error") for r in rows if r.get("prm_status") == "ok")
     figs["prm_first_error_histogram"] = {str(k): v for k, v in fe.items()}

@@ -1,0 +1,86 @@
+"""The three defects breaking run 3 left open (docs/breaking-2026-12-03.md, N11-N13), each as a class of fault,
+on real ProcessBench gsm8k rows where the data has the case, in process."""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import re
+
+import pytest
+from rich.console import Console
+
+from stepkit.columns import fields
+from stepkit.schema import REFERENCE_FIELDS, TRAJECTORY_SCHEMA, extend_schema
+from stepkit.stages import likelihood, mc_label, prm_label
+from tests.conftest import run_cli
+from tests.test_export import labelled, write
+
+pytestmark = pytest.mark.filterwarnings("ignore:Use 'content=<...>':DeprecationWarning")
+
+
+def stats(shard) -> tuple[str, dict]:
+    """``stats``' printed text and figures (and the command's own stdout, which must agree)."""
+    from stepkit.cli import stage_views
+    from stepkit.views import print_stats
+
+    buf = io.StringIO()
+    figs = print_stats(shard, stage_views(), console=Console(file=buf, width=200, color_system=None))
+    assert run_cli("stats", shard).stdout.count("n/a") == buf.getvalue().count("n/a")
+    return " ".join(buf.getvalue().split()), figs  # (a long title wraps)
+
+
+def no_nan(text: str, figs: dict) -> None:
+    """Neither the text nor the figures hold NaN or inf: the figures are valid JSON (null for n/a)."""
+    assert not re.search(r"\b(nan|inf)\b", text), text  # as Python prints them (titles say "NaN", "infinite")
+    json.dumps(figs, allow_nan=False)  # ValueError on NaN/inf
+
+
+def test_n11_stats_prints_n_a_with_its_count_for_every_undefined_statistic(tmp_path):
+    """N11: a step position whose MC values are all NaN printed ``nan`` as its mean (and shares of 0.00 out of
+    NaNs). Every statistic of stats that has no value to be computed from prints ``n/a (N values)``; NaN and
+    inf are left out as filter leaves them out (as null), and counted; the figures say None, so they are JSON."""
+    rows = labelled(4)
+    for k, r in enumerate(rows):
+        n = len(r["steps"])
+        r["mc_status"] = "ok"
+        r["mc_value"] = [math.nan] * n if k < 2 else [None] * n if k == 2 else [0.5, math.inf] + [1.0] * (n - 2)
+    text, figs = stats(write(tmp_path / "mc.parquet", rows))  # mc-label's view streams the shard
+    assert "n/a (0 values)" in text and "NaN or infinite value(s) left out" in text
+    no_nan(text, figs)
+    finite_at_0 = [r["mc_value"][0] for r in rows if r["mc_value"][0] is not None and math.isfinite(r["mc_value"][0])]
+    assert figs["value_by_position"][0] == sum(finite_at_0) / len(finite_at_0) == 0.5
+    assert figs["value_by_position"][1] is None  # NaN, NaN, inf: nothing to average
+    assert figs["value_by_position_not_finite"] == sum(len(r["steps"]) - 1 for r in rows[:2]) + 1
+
+    # every other view with a mean or a share, on one shard read whole (prm-label's and likelihood's views)
+    schema = extend_schema(TRAJECTORY_SCHEMA, REFERENCE_FIELDS + fields(mc_label.COLUMNS) + fields(prm_label.COLUMNS)
+                           + fields(likelihood.COLUMNS))
+    for r in rows:
+        n = len(r["steps"])
+        r.update(prm_status="ok", prm_score=[math.nan] * n, prm_first_error=-1, lh_status="ok",
+                 lh_value=[math.nan] * n, lh_gain=[-math.inf] + [math.nan] * (n - 1), lh_first_error=-1,
+                 outcome_correct=None)  # no graded row: outcome accuracy is 0/0
+    text, figs = stats(write(tmp_path / "all.parquet", rows, schema))
+    no_nan(text, figs)
+    assert "n/a (0/0)" in text and figs["outcome_accuracy"] is None
+    assert figs["prm_score_by_position"][0] == {"n": 4, "values": 0, "mean": None, "share_below_threshold": None}
+    assert figs["lh_value_by_position"][0]["lh_value"] is None and figs["lh_value_by_position"][0]["lh_gain_values"] == 0
+    assert text.count("n/a (0 values)") >= 3 * max(len(r["steps"]) for r in rows)  # prm mean, share; lh means
+
+
+def test_n11_filter_balance_and_distinct_share_of_nothing_are_n_a(tmp_path):
+    """The same class in the counted statistics: a label balance with no labels before or after a filter, and
+    a distinct share with no prefix of two continuations, print n/a with their count (they printed ``-``)."""
+    rows = labelled(4)
+    for r in rows:
+        r.update(mc_status="ok", mc_label=None)  # no step labels: mc_label's balance is 0 true / 0 false
+    src = write(tmp_path / "in.parquet", rows)
+    run_cli("filter", src, tmp_path / "out.parquet", "--rule", "steps:1-", "--no-progress",
+            "--dropped", tmp_path / "dropped.parquet")
+    text, figs = stats(tmp_path / "out.parquet")
+    no_nan(text, figs)
+    assert "│ mc_label │ 0 -> 0 │ 0 -> 0 │ n/a (0 labels) -> n/a (0 labels) │" in text
+    text, figs = stats(src)
+    assert figs["distinct_share"] is None and "n/a (0 prefixes with two continuations or more)" in text
