@@ -20,6 +20,7 @@ import datetime as _dt
 import importlib.util
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -245,36 +246,93 @@ def prepare_model(name: str, force: bool = False, log: Callable[[str], None] = p
     return target
 
 
-def resolve_model(spec: str, log: Callable[[str], None] = _stderr) -> str:
-    """Turn a ``--model`` argument into a local folder that vLLM/transformers can load.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt",
+                   "spiece.model")
+"""Files of which a tokenizer folder holds at least one (what ``AutoTokenizer.from_pretrained`` reads)."""
+
+
+def check_folder(spec: str, option: str, model: bool = True, tokenizer: bool = False) -> Path:
+    """The local folder an option names (``--model``, ``--base-model``, ``--tokenizer``, ...), checked before
+    transformers or vLLM reads it, so that a wrong path is one line naming the option and the path (and
+    never their long messages: ``Repo id must use alphanumeric chars …`` for ``/nonexistent``).
+
+    Args:
+        spec: the path as given (``~`` is expanded).
+        option: the option's flag, named in the error.
+        model: it must hold a ``config.json`` (a model folder).
+        tokenizer: it must hold a tokenizer (one of :data:`TOKENIZER_FILES`).
+
+    Returns:
+        The folder (absolute).
+
+    Raises:
+        ConfigError: ``--model X: no such folder (nor a bundled model name: smollm2-135m)``, ``…: not a
+            folder``, ``…: not a model folder (no config.json)``, ``…: not a tokenizer folder (none of …)``.
+    """
+    path = Path(spec).expanduser()
+    if not path.exists():
+        known = ", ".join(sorted(REGISTRY))
+        raise ConfigError(f"{option} {spec}: no such folder (nor a bundled model name: {known})")
+    if not path.is_dir():
+        raise ConfigError(f"{option} {spec}: not a folder (a model or tokenizer is a folder)")
+    if model and not (path / "config.json").is_file():
+        raise ConfigError(f"{option} {spec}: not a model folder (no config.json)")
+    if tokenizer and not any((path / f).is_file() for f in TOKENIZER_FILES):
+        raise ConfigError(f"{option} {spec}: not a tokenizer folder (none of {', '.join(TOKENIZER_FILES)})")
+    return path.resolve()
+
+
+def resolve_model(spec: str, log: Callable[[str], None] = _stderr, option: str = "--model",
+                  tokenizer: bool = False) -> str:
+    """Turn a ``--model`` argument (or ``--base-model``, ``--tokenizer``: ``option``) into a local folder that
+    vLLM/transformers can load.
 
     * a registry name (``smollm2-135m``) -> its prepared folder; a missing one is prepared implicitly
       (one log line; the conversion takes well under a minute);
-    * an existing local folder holding a ``config.json`` -> that folder (absolute path);
-    * anything else -> :class:`ConfigError`. Hub names are not accepted: there is no network.
+    * an existing local folder holding a ``config.json`` (and a tokenizer, with ``tokenizer``) -> that
+      folder (absolute path; :func:`check_folder`);
+    * anything else -> :class:`ConfigError` naming ``option``. Hub names are not accepted: there is no network.
 
     Args:
         spec: registry name or folder path (``~`` is expanded).
         log: receives the one-line notice of an implicit preparation (default: stderr).
+        option: the flag the value came from, named in an error.
+        tokenizer: the folder must hold a tokenizer too (vLLM and train-prm read one from it).
 
     Returns:
         The folder as an absolute path string.
 
     Raises:
-        ConfigError: ``unknown model path or name: X``, a folder that is not a model folder, or a failed
+        ConfigError: no such folder, a folder that is not a model (or tokenizer) folder, or a failed
             preparation.
     """
     if spec in REGISTRY:
         if not is_prepared(spec):
             log(f"model {spec} is not prepared yet; preparing it now (once, under a minute)")
         return str(prepare_model(spec, log=log))
+    return str(check_folder(spec, option, model=True, tokenizer=tokenizer))
+
+
+def resolve_tokenizer(spec: str, option: str = "--tokenizer", hub: bool = False,
+                      log: Callable[[str], None] = _stderr) -> str:
+    """A tokenizer argument as ``AutoTokenizer.from_pretrained`` should get it: a registry name -> its
+    prepared folder; a local folder -> that folder, checked to hold a tokenizer (no ``config.json``
+    needed); with ``hub``, a name that is no local path and looks like a Hub id (``name`` or
+    ``owner/name``, not absolute, not ``./`` or ``~``) is passed on as it is (transformers reads its cache).
+
+    Raises:
+        ConfigError: one line naming ``option`` and the path (:func:`check_folder`).
+    """
+    if spec in REGISTRY:
+        return resolve_model(spec, log=log, option=option)
     path = Path(spec).expanduser()
-    if path.is_dir():
-        if not (path / "config.json").is_file():
-            raise ConfigError(f"{spec}: not a model folder (no config.json)")
-        return str(path.resolve())
-    known = ", ".join(sorted(REGISTRY))
-    raise ConfigError(f"unknown model path or name: {spec} (known models: {known}; or a local model folder)")
+    if hub and not path.exists() and _HUB_ID.fullmatch(spec):
+        return spec
+    return str(check_folder(spec, option, model=False, tokenizer=True))
+
+
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")
+"""A Hugging Face Hub repository id: ``name`` or ``owner/name`` (what is not one is read as a path)."""
 
 
 def list_models() -> list[dict[str, object]]:

@@ -84,3 +84,69 @@ def test_n11_filter_balance_and_distinct_share_of_nothing_are_n_a(tmp_path):
     assert "│ mc_label │ 0 -> 0 │ 0 -> 0 │ n/a (0 labels) -> n/a (0 labels) │" in text
     text, figs = stats(src)
     assert figs["distinct_share"] is None and "n/a (0 prefixes with two continuations or more)" in text
+
+
+def one_error_line(r, option: str, path) -> str:
+    """The command failed with one ``error:`` line naming ``option`` and ``path``, and no traceback."""
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {option} {path}: "), r.stderr
+    return lines[0]
+
+
+MISSING = "no such folder (nor a bundled model name: smollm2-135m)"
+NO_TOKENIZER = "not a tokenizer folder (none of tokenizer.json, tokenizer_config.json"
+WRONG = {  # kind of wrong path -> what a model option says, what a tokenizer option says
+    "missing": (MISSING, MISSING), "file": ("not a folder", "not a folder"),
+    "empty": ("not a model folder (no config.json)", NO_TOKENIZER), "config-only": (NO_TOKENIZER, NO_TOKENIZER)}
+
+
+def wrong_paths(tmp_path) -> dict[str, object]:
+    """Kind -> a path wrong that way: missing, a file, an empty folder, a folder with a config and no tokenizer."""
+    tmp_path.mkdir()
+    paths = {k: tmp_path / k for k in WRONG}
+    paths["file"].write_text("x")
+    paths["empty"].mkdir()
+    paths["config-only"].mkdir()
+    (paths["config-only"] / "config.json").write_text("{}")
+    return paths
+
+
+def test_n12_a_wrong_model_or_tokenizer_path_is_one_line_naming_the_option(tmp_path):
+    """N12: ``export --tokenizer /nonexistent`` said transformers' ``Repo id must use alphanumeric chars …``.
+    Every option that names a local model or tokenizer folder is checked in one place
+    (``stepkit.models.check_folder``, under ``resolve_model`` / ``resolve_tokenizer``) before transformers or
+    vLLM reads it: export --tokenizer, train-prm --base-model, the vllm engine's --model (prm-label's too),
+    likelihood-label --reference-model, the openai engine's --tokenizer. Nothing is written."""
+    from stepkit.engines.base import EngineSpec
+    from stepkit.engines.openai_chat import local_tokenizer_path
+    from stepkit.engines.vllm_engine import VLLMEngine
+    from stepkit.errors import ConfigError
+    from stepkit.stages.likelihood import LikelihoodConfig, LikelihoodStage
+    from stepkit.stages.prm_label import PRMLabelConfig, PRMLabelStage
+
+    src = write(tmp_path / "in.parquet", labelled(2))
+    run_cli("export", src, tmp_path / "ds", "--labels", "mc_label")
+    line = one_error_line(run_cli("export", src, tmp_path / "x", "--labels", "mc_label", "--tokenizer",
+                                  "/nonexistent", check=False), "--tokenizer", "/nonexistent")
+    assert line.endswith(MISSING) and "Repo id" not in line
+    engine_side = {  # (constructed in process: no engine is loaded, the path is refused first)
+        "vllm engine": (lambda p: VLLMEngine(str(p)), "--model", 0),
+        "prm-label": (lambda p: PRMLabelStage(PRMLabelConfig(), EngineSpec("vllm", str(p)), None), "--model", 0),
+        "likelihood-label": (lambda p: LikelihoodStage(LikelihoodConfig(method="implicit-prm", reference_model=str(p)),
+                                                       EngineSpec("vllm", "smollm2-135m"), None), "--reference-model", 0),
+        "openai engine": (lambda p: local_tokenizer_path("m", str(p)), "--tokenizer", 1)}
+    for kind, path in wrong_paths(tmp_path / "wrong").items():
+        model_says, tokenizer_says = WRONG[kind]
+        r = run_cli("export", src, tmp_path / "x", "--labels", "mc_label", "--tokenizer", path, check=False)
+        assert tokenizer_says in one_error_line(r, "--tokenizer", path), kind
+        r = run_cli("train-prm", tmp_path / "ds", tmp_path / "m", "--base-model", path, check=False)
+        assert model_says in one_error_line(r, "--base-model", path), kind
+        assert not (tmp_path / "x").exists() and not (tmp_path / "m" / "stepkit-prm.json").exists()
+        for name, (make, option, is_tokenizer) in engine_side.items():
+            if name == "prm-label" and kind == "config-only":
+                continue  # prm-label reads the kind from config.json at once; its vllm engine refuses the folder
+            with pytest.raises(ConfigError) as e:
+                make(path)
+            assert str(e.value).startswith(f"{option} {path}: ") and (model_says, tokenizer_says)[is_tokenizer] in \
+                str(e.value), (name, kind, str(e.value))

@@ -57,13 +57,13 @@ def test_prepare_unknown_name_lists_known(monkeypatch, tmp_path):
 
 def test_resolve_unknown_name_or_path(monkeypatch, tmp_path):
     monkeypatch.setenv("STEPKIT_CACHE", str(tmp_path))
-    with pytest.raises(ConfigError, match=r"^unknown model path or name: nope \(known models: smollm2-135m"):
+    with pytest.raises(ConfigError, match=r"^--model nope: no such folder \(nor a bundled model name: smollm2-135m\)$"):
         models.resolve_model("nope")
-    with pytest.raises(ConfigError, match="unknown model path or name: HuggingFaceTB/SmolLM2-135M"):
+    with pytest.raises(ConfigError, match="^--model HuggingFaceTB/SmolLM2-135M: no such folder"):
         models.resolve_model("HuggingFaceTB/SmolLM2-135M")  # hub names are not accepted: no network
     missing = tmp_path / "no-such-folder"
-    with pytest.raises(ConfigError, match=f"unknown model path or name: {missing}"):
-        models.resolve_model(str(missing))
+    with pytest.raises(ConfigError, match=f"^--base-model {missing}: no such folder"):
+        models.resolve_model(str(missing), option="--base-model")
 
 
 def test_resolve_folder(tmp_path):

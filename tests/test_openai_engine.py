@@ -192,7 +192,7 @@ def test_cli_with_unreachable_server_fails_with_one_line(tmp_path):
 def test_chat_rendering_sources_without_vllm_endpoints():
     messages = [{"role": "user", "content": "Hi"}]
     with FakeServer() as fake:
-        with pytest.raises(ConfigError, match=r"^tokenizer nope: not a registry model name or a local folder$"):
+        with pytest.raises(ConfigError, match=r"^--tokenizer nope: no such folder \(nor a bundled model name: smollm2-135m\)$"):
             OpenAIEngine("smollm2-135m", fake.base_url, tokenizer="nope")
         with OpenAIEngine("smollm2-135m", fake.base_url) as local:  # prepared registry name: local template
             text = local.render_chat(messages)

@@ -44,9 +44,12 @@ def test_an_option_of_another_engine_is_refused_before_loading():
 def test_unknown_model_is_a_config_error(tmp_path):
     from stepkit.engines.vllm_engine import VLLMEngine
 
-    with pytest.raises(ConfigError, match="unknown model path or name: nope"):
+    with pytest.raises(ConfigError, match="^--model nope: no such folder"):
         VLLMEngine("nope")
     (tmp_path / "config.json").write_text("{}")  # a folder vLLM cannot make sense of
+    with pytest.raises(ConfigError, match="^--model .*: not a tokenizer folder"):  # (vLLM reads its tokenizer there)
+        VLLMEngine(str(tmp_path))
+    (tmp_path / "tokenizer_config.json").write_text("{}")
     with pytest.raises(ConfigError, match=r"^vllm cannot load model .*: .*model_type"):
         VLLMEngine(str(tmp_path))
 

@@ -27,19 +27,15 @@ def local_tokenizer_path(model: str, tokenizer: str | None) -> str | None:
     prepared registry name or a folder with a tokenizer).
 
     Raises:
-        ConfigError: ``tokenizer`` names neither a registry model nor a folder.
+        ConfigError: ``tokenizer`` names neither a registry model nor a folder holding a tokenizer (one line
+            naming --tokenizer and the path, :func:`stepkit.models.check_folder`).
     """
-    from stepkit.models import REGISTRY, is_prepared, model_dir, resolve_model
+    from stepkit.models import REGISTRY, is_prepared, model_dir, resolve_tokenizer
 
     if tokenizer == "server":
         return None
     if tokenizer is not None:
-        if tokenizer in REGISTRY:
-            return resolve_model(tokenizer)
-        path = Path(tokenizer).expanduser()
-        if path.is_dir():
-            return str(path.resolve())
-        raise ConfigError(f"tokenizer {tokenizer}: not a registry model name or a local folder")
+        return resolve_tokenizer(tokenizer, "--tokenizer")
     if model in REGISTRY:
         return str(model_dir(model)) if is_prepared(model) else None
     path = Path(model).expanduser()

@@ -170,7 +170,7 @@ class VLLMEngine(Engine):
     ):
         super().__init__()
         self.model = model
-        self.model_path = resolve_model(model)
+        self.model_path = resolve_model(model, tokenizer=True)  # vLLM reads its tokenizer there too
         try:
             import vllm
         except ImportError as exc:  # pragma: no cover - vllm is a hard dependency

@@ -24,9 +24,9 @@ def load_tokenizer(name: str):
     Raises:
         ConfigError: it cannot be loaded (one line).
     """
-    from stepkit.models import REGISTRY, model_dir
+    from stepkit.models import resolve_tokenizer
 
-    path = str(model_dir(name)) if name in REGISTRY else name
+    path = resolve_tokenizer(name, "--tokenizer", hub=True)  # a wrong folder: one line naming it, not transformers'
     try:
         from transformers import AutoTokenizer
 

@@ -281,13 +281,10 @@ def check_model(spec: EngineSpec, flag: str) -> None:
 
         ScriptedEngine.from_spec(spec.model)
     elif spec.name == "vllm":
-        from pathlib import Path
+        from stepkit.models import REGISTRY, check_folder
 
-        from stepkit.models import REGISTRY
-
-        if spec.model not in REGISTRY and not (Path(spec.model).expanduser() / "config.json").is_file():
-            raise ConfigError(f"{flag} {spec.model}: not a bundled model name ({', '.join(sorted(REGISTRY))}) "
-                              f"or a local model folder")
+        if spec.model not in REGISTRY:
+            check_folder(spec.model, flag, tokenizer=True)
 
 
 def _same_model(a: EngineSpec, b: EngineSpec) -> bool:

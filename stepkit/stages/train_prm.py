@@ -441,7 +441,7 @@ def train_prm(dataset: str, out: str | Path, cfg: TrainPRMConfig, force: bool = 
     from stepkit.models import resolve_model
 
     out = Path(out)
-    base = resolve_model(cfg.base_model)
+    base = resolve_model(cfg.base_model, option="--base-model", tokenizer=True)  # (the tokenizer is read from it)
     data = load_stepwise(dataset, [cfg.split] + ([cfg.eval_split] if cfg.eval_split else []), cfg.limit)
     cfg = _with_separator(cfg, data, log)
     ident = {"config": identity(cfg), "dataset": data.fingerprint, "layout": LAYOUT}
