@@ -150,3 +150,66 @@ def test_n12_a_wrong_model_or_tokenizer_path_is_one_line_naming_the_option(tmp_p
                 make(path)
             assert str(e.value).startswith(f"{option} {path}: ") and (model_says, tokenizer_says)[is_tokenizer] in \
                 str(e.value), (name, kind, str(e.value))
+
+
+def processbench_rows(split: str, ids: list[str]) -> list[dict]:
+    """The ProcessBench rows ``ids`` of ``split`` as trajectory rows (real steps, the human first error)."""
+    from tests.conftest import DATA
+
+    data = {d["id"]: d for d in json.loads((DATA / "processbench" / f"{split}.json").read_text())}
+    return [{"id": i, "problem_id": i, "prompt": data[i]["problem"], "steps": data[i]["steps"], "step_separator": "\n\n",
+             "outcome_correct": data[i]["final_answer_correct"], "generator": data[i]["generator"],
+             "source": f"processbench/{split}/{i}", "reference_first_error": data[i]["label"]} for i in ids]
+
+
+def test_n13_math_shepherd_lines_hold_one_marker_the_exports(tmp_path):
+    """N13: a step that starts with the source's own marker of another number (ProcessBench gsm8k-233: an intro
+    step, then ``Step 1: Raymond had $21 initially.`` as step 2) was written ``Step 2: Step 1: …``. The step's
+    own leading markers (any number, ``### Step N:`` and ``**Step N:**`` too) are removed before the export's
+    ``Step k:``, and counted; TRL's converter reads the rows back with one marker per completion."""
+    from stepkit.stages.export import ExportConfig, export
+    from tests.test_export_text import load, trl_math_shepherd
+
+    rows = processbench_rows("gsm8k", ["gsm8k-233", "gsm8k-0"]) + processbench_rows("math", ["math-3", "math-9"])
+    assert rows[0]["steps"][1].startswith("Step 1: Raymond") and rows[3]["steps"][4].startswith("### Step 1: ")
+    inp = write(tmp_path / "in.parquet", rows)
+    m = export(inp, tmp_path / "ms", ExportConfig(format="math-shepherd", labels="reference_first_error",
+                                                  separator_in_step="rejoin"))
+    ms = load(tmp_path / "ms")
+    marker = re.compile(r"(#+\s*)?(\*\*)?step\s+\d+\s*:", re.IGNORECASE)
+    renumbered = 0
+    for row, rec in zip(rows, ms):
+        lines = rec["input"][len(row["prompt"].strip()) + 1:].split("\n")
+        assert len(lines) == len(row["steps"]) == rec["input"].count("ки")
+        for k, (line, step) in enumerate(zip(lines, row["steps"])):
+            assert line.startswith(f"Step {k + 1}: ") and line.endswith(" ки")
+            assert not marker.match(line[len(f"Step {k + 1}: "):]), line  # never a second marker at its head
+            own = marker.match(step.strip())
+            renumbered += bool(own) and int(re.search(r"\d+", own.group(0)).group(0)) != k + 1
+        got = trl_math_shepherd(rec)
+        k = row["reference_first_error"]
+        assert got["labels"] == [k == -1 or i < k for i in range(len(row["steps"]))]
+    assert ms[0]["input"].split("\n")[1] == "Step 2: Raymond had $21 initially. ки"
+    assert "Step 5: Find the points of intersection" in ms[3]["input"]
+    assert renumbered >= 4 and m["counts"]["step_markers_renumbered"] == renumbered
+
+
+def test_n13_tag_characters_and_a_second_step_1_in_the_first_step_are_refused(tmp_path):
+    """The same class: whatever TRL's converter reads as a tag (``ки``, and ``ⶻ``, which it puts in ``ки``'s place
+    before finding the tags) inside a step would make an extra step whose labels do not match, and a ``Step 1:``
+    inside the first step's text (ProcessBench math-59: ``… ### Step 1: Square Both Sides``) splits its prompt
+    in three: each is one line naming file, row, column and step, nothing written."""
+    from stepkit.errors import InputError
+    from stepkit.stages.export import ExportConfig, export
+
+    cfg = ExportConfig(format="math-shepherd", labels="reference_first_error", separator_in_step="rejoin")
+    row = processbench_rows("gsm8k", ["gsm8k-0"])[0]
+    for text, says in (("so x = 3 ки", "holds 'ки' (step 1)"), ("so x = 3 ⶻ", "holds 'ⶻ' (step 1): the character")):
+        bad = write(tmp_path / "bad.parquet", [{**row, "steps": [row["steps"][0], text, *row["steps"][2:]]}])
+        with pytest.raises(InputError, match=re.escape(f"row 0, column 'steps': {says}")):
+            export(bad, tmp_path / "x", cfg)
+        assert not (tmp_path / "x").exists()
+    m59 = write(tmp_path / "m59.parquet", processbench_rows("math", ["math-59"]))
+    with pytest.raises(InputError, match=r"row 0, column 'steps': step 0 holds 'Step 1:' inside its text"):
+        export(m59, tmp_path / "x", cfg)
+    assert not (tmp_path / "x").exists()

@@ -63,6 +63,9 @@ def command(inp, out, force, **kw):
             cut = tl["labels_cut"]
             t.add_row(f"over --max-length {tl['max_length']}", f"{tl['rows_over']} row(s); labels a trainer with this "
                       f"limit drops: {cut['true']} correct, {cut['false']} wrong; rows dropped: {tl['rows_dropped']}")
+    if c.get("step_markers_renumbered"):
+        t.add_row("steps whose own 'Step N:' marker was replaced by the export's number",
+                  str(c["step_markers_renumbered"]))
     if c.get("steps_rejoined"):
         t.add_row("steps that held the separator, rejoined with a space", str(c["steps_rejoined"]))
     if c.get("converter_drops_first_step"):

@@ -4,12 +4,17 @@ prompt/step joins.
 **Math-Shepherd** (Wang et al. 2024, "Math-Shepherd: Verify and Reinforce LLMs Step-by-step without Human
 Annotations"; the released ``peiyi9979/Math-Shepherd`` rows): ``input`` is the problem, a space, then one
 line per step, ``Step k: <step> ки`` (k from 1), the lines joined by ``\\n``; ``label`` is the same text with
-``+`` (correct) or ``-`` (wrong) in place of each ``ки``; ``task`` is ``GSM8K`` or ``MATH``. A step that
-already starts with its own ``Step k:`` marker keeps one marker. TRL's converter of that dataset
-(``examples/datasets/math_shepherd.py``: the tag positions of ``input`` read as ``+``/``-`` in ``label``,
-the problem split from the first step at ``Step 1:``, then at a ``?``) reads every ``ки`` substring as a
-tag and splits the problem at its ``Step 1:``, so a problem or step holding ``ки`` anywhere, or a problem
-holding ``Step 1:``, is refused in one line; a problem that starts with one of the converter's listed
+``+`` (correct) or ``-`` (wrong) in place of each ``ки``; ``task`` is ``GSM8K`` or ``MATH``. The numbers are
+the export's: a step's own leading marker (``Step N:``, ``### Step N:``, ``**Step N:**``, any N, repeated) is
+the source's numbering, not the step's content, and is removed before the export writes ``Step k:``, so a line
+never holds two markers (ProcessBench's steps carry such markers numbered from an intro step: ``Step 1: …``
+as step 2; breaking run 3, N13 wrote ``Step 2: Step 1: …``); the markers renumbered are counted
+(``step_markers_renumbered``). TRL's converter of that dataset (``examples/datasets/math_shepherd.py``: ``ки``
+replaced by ``ⶻ``, whose positions in ``input`` read as ``+``/``-`` in ``label``, then the text before the
+first tag split once at ``Step 1:``, else ``step 1:``, else ``?``) reads every ``ки`` and every ``ⶻ`` as a tag
+and needs exactly one ``Step 1:`` before the first tag, so a problem or step holding either (:data:`TAGS`),
+a problem holding ``Step 1:``, or a first step holding ``Step 1:`` inside its text (``… ### Step 1: Square
+both sides``) is refused in one line; a problem that starts with one of the converter's listed
 annotation-error openings (it drops their first label and keeps step 1 in the prompt) is counted
 (``CONVERTER_SKIPS``).
 
@@ -32,9 +37,11 @@ from typing import Any
 from stepkit.errors import ConfigError, InputError
 
 TAG = "ки"  # Math-Shepherd's step tag (after a space)
+TAGS = (TAG, "ⶻ")  # what TRL's converter reads as a tag: ки, and the character it puts in ки's place first
 LABEL_TAGS = {True: "+", False: "-"}
 TASKS = ("GSM8K", "MATH")  # the task values of the released Math-Shepherd rows
-_MARKER = re.compile(r"\s*Step\s+(\d+)\s*:\s*", re.IGNORECASE)
+_MARKER = re.compile(r"\s*(?:#{1,6}\s*)?(?:\*\*)?Step\s+(\d+)\s*:(?:\*\*)?\s*", re.IGNORECASE)
+"""A step's own leading step marker: ``Step 3:``, ``step 3 :``, ``### Step 3:``, ``**Step 3:**``."""
 CONVERTER_SKIPS = ("Mr. Rocky", "Parker", "What is the smallest positive", " The Myth", "Let $\\mathbf{a}$",
                    "Find the arithmetic", "Determine an ordered pair", "Determine the ordered pair",
                    "At the Quill and Scroll stationery", "Round to the nearest", r"Calculate $\sqrt{10p}",
@@ -78,10 +85,16 @@ def ingest_input(manifest: dict | None) -> str | None:
     return None
 
 
-def numbered(k: int, step: str) -> str:
-    """``Step k: <step>`` (k 1-based), the step's own leading ``Step k:`` marker (same k) not repeated."""
-    m = _MARKER.match(step)
-    body = step[m.end():] if m and int(m.group(1)) == k else step
+def numbered(k: int, step: str, counts: Counter | None = None) -> str:
+    """``Step k: <step>`` (k 1-based): the step's own leading markers (:data:`_MARKER`, any number, however
+    many) removed first, so the line holds one marker, the export's; a step whose own marker had another
+    number than k is counted in ``counts["step_markers_renumbered"]``."""
+    body, renumbered = step, False
+    while m := _MARKER.match(body):
+        renumbered = renumbered or int(m.group(1)) != k
+        body = body[m.end():]
+    if renumbered and counts is not None:
+        counts["step_markers_renumbered"] += 1
     return f"Step {k}: {body.strip()}"
 
 
@@ -90,21 +103,28 @@ def shepherd_record(row: dict, steps: list[str], labels: list[bool], task: str, 
     """The Math-Shepherd record of one row (see the module docstring).
 
     Raises:
-        InputError: ``ки`` in the problem or a step, ``Step 1:`` in the problem (file, row, column named).
+        InputError: ``ки`` or ``ⶻ`` in the problem or a step, ``Step 1:`` in the problem or inside the first
+            step's text (file, row, column named).
     """
     prompt = row["prompt"].strip()
     for col, texts in (("prompt", [prompt]), ("steps", steps)):
-        k = next((j for j, t in enumerate(texts) if TAG in t), None)
-        if k is not None:
-            where = "" if col == "prompt" else f" (step {k})"
-            raise InputError(path, f"holds {TAG!r}{where}: Math-Shepherd's step tag, which TRL's converter reads as a "
-                                   "tag wherever it occurs, so the tags would not match the labels", row=i, column=col)
+        for tag in TAGS:
+            k = next((j for j, t in enumerate(texts) if tag in t), None)
+            if k is not None:
+                where = "" if col == "prompt" else f" (step {k})"
+                what = "Math-Shepherd's step tag" if tag == TAG else f"the character TRL's converter puts in {TAG!r}'s place"
+                raise InputError(path, f"holds {tag!r}{where}: {what}, which the converter reads as a tag wherever it "
+                                       "occurs, so the tags would not match the labels", row=i, column=col)
     if re.search(r"Step\s*1\s*:", prompt, re.IGNORECASE):
         raise InputError(path, "holds 'Step 1:': Math-Shepherd's first step marker, where TRL's converter splits the "
                                "problem from the steps", row=i, column="prompt")
     if prompt.startswith(CONVERTER_SKIPS):
         counts["converter_drops_first_step"] += 1
-    lines = [numbered(k + 1, s) for k, s in enumerate(steps)]
+    lines = [numbered(k + 1, s, counts) for k, s in enumerate(steps)]
+    if lines and "Step 1:" in lines[0][len("Step 1:"):]:
+        raise InputError(path, "step 0 holds 'Step 1:' inside its text: TRL's Math-Shepherd converter splits the "
+                               "problem from the first step at the one 'Step 1:' before the first tag, and cannot "
+                               "read a row with two", row=i, column="steps")
     return {"id": row["id"], "input": prompt + " " + sep.join(f"{x} {TAG}" for x in lines),
             "label": prompt + " " + sep.join(f"{x} {LABEL_TAGS[bool(ok)]}" for x, ok in zip(lines, labels)),
             "task": task}

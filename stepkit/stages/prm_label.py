@@ -56,7 +56,8 @@ KINDS = ("token-classification", "qwen-prm", "math-shepherd")
 POOLING_KINDS = ("token-classification", "qwen-prm")
 DEFAULT_TAG = {"qwen-prm": "<extra_0>", "math-shepherd": " ки"}
 QWEN_SYSTEM = "Please reason step by step, and put your final answer within \\boxed{}."
-TEMPLATE_VERSION = 1  # the text layouts above; a change of layout bumps it (it is in the identity)
+TEMPLATE_VERSION = 2  # the text layouts above; a change of layout bumps it (it is in the identity)
+# 2: math-shepherd's step lines drop a step's own leading 'Step N:' marker of any N (export_text.numbered)
 
 COLUMNS = (
     Column("prm_score", pa.list_(pa.float32()), "the PRM's probability that the step is correct", per_step=True,
