@@ -140,9 +140,11 @@ class Stage:
         ``rows``: the output rows (for a one-to-one stage, same order and count); a row this stage
         cannot label keeps ``error = RowError(self.name, "why")``. ``counters``: this chunk's ``{name: int}``.
         ``side_rows``: ``{side output name: [row, ...]}`` for the tables of :meth:`side_outputs`.
-        An :attr:`asynchronous` stage's default runs :meth:`aprocess` on an event loop of its own.
+        Default, for a stage that writes :meth:`aprocess` (an :attr:`asynchronous` one, or one whose model-free
+        modes await nothing, as clue's): that coroutine on an event loop of its own (:func:`~stepkit.aio.run_sync`,
+        which also works from a thread that runs a loop). The one place stages go from sync to async.
         """
-        if self.asynchronous:
+        if self.asynchronous or type(self).aprocess is not Stage.aprocess:
             return run_sync(self.aprocess(rows))
         raise NotImplementedError
 

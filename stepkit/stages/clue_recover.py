@@ -44,7 +44,6 @@ from typing import Any
 
 import pyarrow as pa
 
-from stepkit.aio import run_sync
 from stepkit.columns import Column, fields
 from stepkit.engines.base import EngineSpec, SamplingConfig
 from stepkit.errors import ConfigError, InputError, RowError
@@ -278,10 +277,6 @@ class ClueRecoverStage(EngineStage):
         """With a model, one coroutine per problem on the engine's asynchronous path (the runner overlaps
         chunks); the model-free modes await nothing."""
         return not (self.cfg.from_reference or self.cfg.from_actions)
-
-    def process(self, rows):
-        """:meth:`aprocess` on an event loop of its own."""
-        return run_sync(self.aprocess(rows))
 
     async def aprocess(self, rows):
         """One chunk -> the clue rows of the problems whose chosen row is in it, and counters

@@ -60,7 +60,6 @@ from typing import Any
 
 import pyarrow as pa
 
-from stepkit.aio import run_sync
 from stepkit.columns import Column, fields
 from stepkit.engines.base import EngineSpec, SamplingConfig
 from stepkit.errors import ConfigError, InputError, RowError
@@ -258,10 +257,6 @@ class ClueScoreStage(EngineStage):
         """With LLM verdicts, one coroutine per (row, clue) on the engine's asynchronous path (the runner
         overlaps chunks); ``--match numeric`` awaits nothing."""
         return self.cfg.match != "numeric"
-
-    def process(self, rows):
-        """:meth:`aprocess` on an event loop of its own."""
-        return run_sync(self.aprocess(rows))
 
     async def aprocess(self, rows):
         """Score one chunk: the numeric matches of every row go to the answer checker in one call, the LLM

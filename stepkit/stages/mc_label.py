@@ -58,7 +58,6 @@ from typing import Any
 
 import pyarrow as pa
 
-from stepkit.aio import run_sync
 from stepkit.columns import Column
 from stepkit.engines.base import EngineSpec, Request, SamplingConfig
 from stepkit.errors import RowError
@@ -253,7 +252,7 @@ class MCLabelStage(LabelerStage):
                 (:func:`~stepkit.per_row.empty_refusal`); the chunk is not committed.
         """
         if self.asynchronous:
-            return run_sync(self.aprocess(rows))
+            return super().process(rows)  # aprocess on an event loop of its own (Stage.process)
         out, todo, est, counters = self._prepare(rows)
         self._estimate([(r, i) for r in todo for i in range(len(r["steps"]))], est, counters)
         return self._labelled(out, todo, est, counters)
