@@ -32,7 +32,7 @@ from dataclasses import dataclass, replace
 from stepkit.grading import claim_forms as cf
 from stepkit.grading.clues import read_step
 
-FUNCTIONS = ("sqrt", "sin", "cos", "tan", "log", "exp", "binomial", "factorial", "floor", "ceiling", "abs", "gcd", "lcm")
+FUNCTIONS = ("sqrt", "sin", "cos", "tan", "sec", "csc", "cot", "log", "exp", "binomial", "factorial", "floor", "ceiling", "abs", "gcd", "lcm")
 RELATIONS = {"=": "=", "<": "<", ">": ">", "\\le": "<=", "\\leq": "<=", "\\ge": ">=", "\\geq": ">=",
              "\\ne": "!=", "\\neq": "!=", "\\approx": "~", "≈": "~", "≤": "<=", "≥": ">=", "≠": "!=",
              "\\leqslant": "<=", "\\geqslant": ">=", "\\equiv": "≡"}
@@ -119,8 +119,8 @@ _UNITS = re.compile(r"\\(?:text|mathrm|textbf|mbox|operatorname)\s*\{[^{}]*\}")
 _COMMAND = re.compile(r"\\([A-Za-z]+)")
 _REFUSE = re.compile(r"\\(?:pm|mp|infty|in|notin|cup|cap|sum|prod|int|lim|vec|overline|angle|triangle|mid|equiv|"
                      r"pmod|bmod|mod|cdots|ldots|dots|subset|cong|sim|perp|parallel)(?![A-Za-z])|%|\||\\?\$")
-_TOKEN = re.compile(r"\s*(?:(\d+\.\d*|\.\d+|\d+)|([A-Za-z]+(?:_\d+)?)|(\*\*|[-+*/(),]))")
-_LATEX_FUNCS = {"sin": "sin", "cos": "cos", "tan": "tan", "log": "log", "ln": "log", "exp": "exp", "pi": "pi",
+_TOKEN = re.compile(r"\s*(?:(\d+\.\d*|\.\d+|\d+)|([A-Za-z\u03b1-\u03c9]+(?:_\d+)?)|(\*\*|[-+*/(),]))")
+_LATEX_FUNCS = {"sin": "sin", "cos": "cos", "tan": "tan", "sec": "sec", "csc": "csc", "cot": "cot", "log": "log", "ln": "log", "exp": "exp", "pi": "pi",
                 "sqrt": "sqrt", "cdot": "*", "times": "*", "div": "/", "ast": "*", "lfloor": "floor(",
                 "rfloor": ")", "lceil": "ceiling(", "rceil": ")", "gcd": "gcd"}
 
@@ -219,10 +219,9 @@ def to_expression(latex: str) -> str | None:
         return None
     if _REFUSE.search(s) or re.search(r"[A-Za-z]\s*\^\s*\{\s*-\s*1\s*\}\s*\(", s):
         return None  # (f^{-1}(2): an inverse function)
-    if re.search(r"\\circ|°", s):
-        if re.search(r"\\(?:sin|cos|tan)", s):
-            return None  # degrees inside a trigonometric function: not read as radians
-        s = re.sub(r"\^\s*\{?\s*\\circ\s*\}?|°", "", s)
+    s = cf.degrees(s)  # (\cos 208^\circ: in radians inside a trigonometric function; else the sign dropped)
+    if s is None:
+        return None
     s = _THOUSANDS.sub("", s.replace("\u2212", "-"))
     s = _MIXED.sub(lambda m: f"({m.group(1)}+{m.group(2)}/{m.group(3)})" if int(m.group(2)) < int(m.group(3))
                    else "\x00", s)  # a mixed number 2\frac{6}{7}; an improper one is a typo or a product
@@ -242,7 +241,7 @@ def to_expression(latex: str) -> str | None:
 
     def command(m: re.Match) -> str:
         name = m.group(1)
-        return f" {_LATEX_FUNCS[name]} " if name in _LATEX_FUNCS else "\x00"
+        return f" {_LATEX_FUNCS[name]} " if name in _LATEX_FUNCS else f" {cf.GREEK[name]} " if name in cf.GREEK else "\x00"
 
     s = _COMMAND.sub(command, s)
     if "\x00" in s or "\\" in s:
@@ -304,7 +303,7 @@ def _explicit(s: str) -> str | None:
     expr = "".join(out)
     if re.search(r"\*\*\s*\(?\s*\d{4,}", expr) or re.search(r"factorial\(\d{4,}", expr):
         return None  # too large to evaluate in a claim's time
-    if re.search(r"(?:sin|cos|tan)\(+\d+\)", expr):
+    if re.search(r"(?:sin|cos|tan|sec|csc|cot)\(+\d+\)", expr):
         return None  # \sin 30, \cos(60): degrees without the sign, not radians
     return expr
 
@@ -315,7 +314,7 @@ def _decimals(text: str) -> int:
 
 
 _MIXED = re.compile(r"(?<![\d.])(\d+)[ \t]*\\[dt]?frac\s*\{\s*(\d+)\s*\}\s*\{\s*(\d+)\s*\}")
-_NAME = re.compile(r"\s*([A-Za-z])(?:_\{?(\d+)\}?)?\s*")
+_NAME = re.compile(r"\s*([A-Za-z]|\\(?:" + "|".join(cf.GREEK) + r")(?![A-Za-z]))(?:_\{?(\d+)\}?)?\s*")
 
 
 _TEXT = re.compile(r"\\(?:text|mbox|mathrm|textbf|operatorname)\s*\{[^{}]*\}")
@@ -442,7 +441,7 @@ def _relations(math: str, previous: str | None) -> tuple[list[Relation], str | N
             if signs:
                 exprs[k], exprs[k + 1] = signs[0][0], signs[1][0]
             if link == "first" and op == "=" and m and not both[k + 1]:
-                name = m.group(1) + (f"_{m.group(2)}" if m.group(2) else "")
+                name = cf.GREEK.get(m.group(1).lstrip("\\"), m.group(1)) + (f"_{m.group(2)}" if m.group(2) else "")
             call = None
             mc = _CALL.fullmatch(left) if link == "first" and op == "=" else None
             if mc and _balanced(mc.group(2)):
@@ -540,58 +539,3 @@ def _holds(claim) -> bool:
     from stepkit.grading.clues import claim_holds
 
     return claim_holds(claim)
-
-
-def solution_clues(solution: str, answer: str | None = None) -> list:
-    r"""Clues (:class:`stepkit.grading.clues.Clue`) from a LaTeX reference solution (MATH-500's ``solution``):
-    the intermediate results it establishes, in order: the last side of every chain in math mode that is a
-    number (``r = \sqrt{0^2 + 3^2} = 3`` gives 3; ``\frac{4}{7}``; ``2\sqrt{3}``), once each, then the
-    reference answer (appended unless the last result is it, as :func:`stepkit.grading.clues.reference_clues`).
-
-    A rational result is written as an integer or ``a/b`` (so ``clue score`` compares it by value), any other
-    as its LaTeX; ``text`` is the solution's line around it (at most 200 characters). A clue depends on
-    nothing (MATH-500 does not say which results a result uses).
-
-    Returns:
-        A list, empty when the solution states no numeric result and no answer is given.
-    """
-    from stepkit.grading.clues import Clue, number_value
-
-    clues: list = []
-    seen: set = set()
-    for m in _MATH.finditer(solution):
-        body = next(g for g in (m.group(1), m.group(2), m.group(3), m.group(4), m.group(6)) if g is not None)
-        rels = _relations(body, None)[0]
-        for k, rel in enumerate(rels):
-            if k + 1 < len(rels) and rels[k + 1].link == "later":
-                continue  # not the chain's result
-            if rel.op != "=" or rel.rhs is None or re.search(r"[A-Za-z]", re.sub(r"sqrt|pi|factorial|binomial", "",
-                                                                                  rel.rhs)):
-                continue
-            value = _rational(rel.rhs)
-            if value is not None:
-                text_value = str(value.numerator) if value.denominator == 1 else f"{value.numerator}/{value.denominator}"
-            else:
-                text_value = rel.text.split(" = ")[-1].strip().rstrip(".,")
-            if not re.search(r"\d", text_value) or text_value in seen:
-                continue
-            seen.add(text_value)
-            line_start = solution.rfind("\n", 0, m.start()) + 1
-            line_end = solution.find("\n", m.end())
-            line = " ".join(solution[line_start:line_end if line_end >= 0 else None].split())
-            clues.append(Clue(line[:200], text_value))
-    if answer is not None and str(answer).strip():
-        ans = str(answer).strip()
-        last = clues[-1].value if clues else None
-        same = last is not None and (number_value(last) if number_value(last) is not None else None) is not None and \
-            number_value(last) == _rational(to_expression(ans))
-        if not same and last != ans:
-            clues.append(Clue(f"The answer is {ans}", ans, (len(clues) - 1,) if clues else ()))
-    return clues
-
-
-def _rational(expr: str | None):
-    """The exact value of a plain expression of numbers (``((14)/(3))``), or None."""
-    from stepkit.grading.clues import evaluate
-
-    return evaluate(expr.replace("**", "^")) if expr else None

@@ -120,3 +120,55 @@ def _sign_slip(sp, dn, do) -> bool:
     kept = sum(q == ratios[0] for q in ratios)
     flipped = sum(q == -ratios[0] for q in ratios)
     return kept + flipped == len(ratios) and 0 < min(kept, flipped) < max(kept, flipped)
+
+
+# The fourth round (tuned on the even half of ProcessBench math): claims that use a condition, parts of an
+# expression, orderings of non-real numbers.
+
+def _by_condition(sp, d, conditions: list) -> bool:
+    """Whether ``d`` (a side minus the other) vanishes modulo one of ``conditions`` (``(lhs, rhs)`` pairs, the
+    latest 20; polynomial ones only): a link that puts in a condition the solution or the problem wrote
+    (``\\omega^4 + \\omega^2 = \\omega + \\omega^2`` after ``\\omega^3 = 1``) uses it, it is no identity and no
+    error."""
+    try:
+        num = sp.numer(sp.together(sp.expand(d)))
+    except (TypeError, ValueError, RecursionError):
+        return False
+    for lhs, rhs in conditions[-20:]:
+        try:
+            c = sp.numer(sp.together(sp.expand(lhs - rhs)))
+            if not c.free_symbols or not c.free_symbols <= num.free_symbols:
+                continue
+            gens = sorted(num.free_symbols | c.free_symbols, key=lambda v: v.name)
+            _, rem = sp.reduced(num, [c], *gens)
+        except (sp.PolynomialError, sp.CoercionFailed, sp.GeneratorsNeeded, ValueError, TypeError, RecursionError,
+                ZeroDivisionError):
+            continue
+        if sp.expand(rem) == 0:
+            return True
+    return False
+
+
+def _part_of(sp, a, b) -> bool:
+    """Whether ``b`` is the value of some of the terms of the sum ``a`` (at most 6 terms, a proper part): a
+    step that works on one part of the expression before it (``= 21a^5 - 7a^4`` after ``7a^3(3a^2 - a) - 8a(2a
+    - 4)``, 'distribute \\(7a^3\\) to the first parentheses') writes a part, not a claim about the whole."""
+    terms = sp.Add.make_args(a)
+    if not 2 <= len(terms) <= 6:
+        return False
+    for mask in range(1, 2 ** len(terms) - 1):
+        part = sp.Add(*[t for k, t in enumerate(terms) if mask >> k & 1])
+        try:
+            if sp.expand(part - b) == 0:
+                return True
+        except (TypeError, ValueError, RecursionError):
+            continue
+    return False
+
+
+def _non_real(sp, e) -> bool:
+    """Whether ``e`` is a number with an imaginary part (``\\sqrt{-7}``): no ordering holds for it."""
+    if e.free_symbols:
+        return False
+    v = _number(sp, e)
+    return v is not None and abs(v.imag) > 1e-9 * max(1.0, abs(v))
