@@ -60,6 +60,7 @@ from dataclasses import dataclass, field
 
 from stepkit.grading.claims import Arithmetic, Relation, Remainder, extract
 from stepkit.grading.stepcheck_rules import (
+    _apply,
     _by_condition,
     _congruence_follows,
     _congruent,
@@ -148,7 +149,7 @@ class _Sympy:
                       "sec": sympy.sec, "csc": sympy.csc, "cot": sympy.cot, "log": sympy.log,
                       "exp": sympy.exp, "binomial": sympy.binomial, "factorial": sympy.factorial,
                       "floor": sympy.floor, "ceiling": sympy.ceiling, "pi": sympy.pi, "Integer": sympy.Integer,
-                      "Rational": sympy.Rational, "Symbol": sympy.Symbol, "Float": sympy.Float,
+                      "Rational": sympy.Rational, "Symbol": sympy.Symbol, "Function": sympy.Function, "Float": sympy.Float,
                       "gcd": self._integers(sympy, sympy.igcd), "lcm": self._integers(sympy, sympy.ilcm)}
 
     @staticmethod
@@ -170,7 +171,7 @@ class _Sympy:
         try:
             out = self.parse_expr(expr, global_dict=dict(self.names), local_dict={}, evaluate=True)
         except (SyntaxError, TypeError, ValueError, ZeroDivisionError, AttributeError, TokenError_, RecursionError,
-                OverflowError, MemoryError):
+                OverflowError, MemoryError, NameError):
             return None
         if not isinstance(out, self.sp.Expr) or out.has(self.sp.zoo, self.sp.nan, self.sp.oo, -self.sp.oo):
             return None
@@ -411,7 +412,7 @@ def _call(S: _Sympy, r: Relation, funcs: dict, rng: random.Random):
     ``f(x) = ax + b``)."""
     sp = S.sp
     name, arg_text = r.call
-    arg, b = S.parse(arg_text), S.parse(r.rhs)
+    arg, b = _apply(sp, S.parse(arg_text), funcs), _apply(sp, S.parse(r.rhs), funcs)
     if arg is None or b is None:
         return None
     if arg.is_Symbol:
@@ -503,7 +504,7 @@ def _relation(S: _Sympy, r: Relation, defs: dict, conditions: list, rng: random.
         points = _points(S, r, defs)
         if points != "no tuple":
             return points
-    a, b = S.parse(r.lhs), S.parse(r.rhs)
+    a, b = (_apply(sp, S.parse(x), funcs) for x in (r.lhs, r.rhs))
     if b is None or (a is None and r.name is None):
         return None
     in_degrees = memo.setdefault("degrees", set()) if memo is not None else set()
