@@ -573,7 +573,7 @@ def _relation(S: _Sympy, r: Relation, defs: dict, conditions: list, rng: random.
         return None
     same = _identity_or_imaginary(sp, a2, b2, rng)
     if same is False and r.link != "first" and ((r.link == "continued" and _part_of(sp, a2, b2)) or _by_condition(
-            sp, a2 - b2, history + conditions + (memo or {}).get("given", []))):
+            sp, a2 - b2, [c for c in conditions if c[1] != a2] + (memo or {}).get("given", []))):
         return None  # a part of the expression before it, or a condition put in
     if same or r.link != "first":  # a simplification keeps its variables; an evaluation at unknown values
         return same if same or a2.free_symbols == b2.free_symbols else None  # is not decided
