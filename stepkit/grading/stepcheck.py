@@ -508,9 +508,9 @@ def _relation(S: _Sympy, r: Relation, defs: dict, conditions: list, rng: random.
     if b is None or (a is None and r.name is None):
         return None
     in_degrees = memo.setdefault("degrees", set()) if memo is not None else set()
-    if in_degrees and _TRIG_EXPR.search(f"{r.lhs} {r.rhs}") and \
-            ((a.free_symbols if a is not None else set()) | b.free_symbols) & in_degrees:
-        return None  # (\theta = 45^\circ, then \cos \theta: not cos(45))
+    if in_degrees and _TRIG_EXPR.search(f"{r.lhs} {r.rhs}") and any(re.search(
+            rf"(?<![\w.]){re.escape(v.name)}(?![\w.])(?!\*\(\(pi\)/\(180\)\))", f"{r.lhs} {r.rhs}") for v in in_degrees):
+        return None  # (\theta = 45^\circ, then \cos \theta: not cos(45); \cos n^\circ is read in degrees)
     if r.name is not None and r.op == "=":
         if re.search(r"\\circ|°", r.text.partition(" = ")[2]):
             in_degrees.add(sp.Symbol(r.name))
