@@ -14,7 +14,9 @@ of ProcessBench math, where a solution's first error is often written in a form 
   :func:`gcd_lcm` names them ``gcd(..)`` / ``lcm(..)`` (the checker evaluates them on integers only);
 * **worded claims** (:func:`worded`), in plain text or with each number in its own math span: ``the GCD of
   729 and 1875 is 3``, ``x rounded to the nearest tenth is 14.4`` (``rounds down to``), ``the remainder when
-  194 is divided by 11 is 7``, ``194 mod 11 = 7``.
+  194 is divided by 11 is 7``, ``194 mod 11 = 7``;
+* **angles in degrees** (:func:`degrees`: radians inside a trigonometric function, ``\cos 208^\circ``; else
+  the sign dropped) and **Greek letters** as variables (``GREEK``, lower case; ``\pi`` stays the number).
 """
 
 from __future__ import annotations

@@ -17,10 +17,12 @@ verification (each step's own mathematics checked by a math tool) on the forms M
 
 Each side is turned into a plain expression (:func:`to_expression`: ``\frac{a}{b}`` -> ``((a)/(b))``,
 ``\sqrt`` -> ``sqrt``, ``^`` -> ``**``, implicit products made explicit, decimals as exact fractions) over a
-small closed vocabulary: numbers, one-letter variables (with a subscript: ``a_3``), ``pi``, ``sqrt``, ``sin``,
-``cos``, ``tan``, ``log``, ``exp``, ``binomial``, ``factorial``, ``floor``, ``ceiling``, ``gcd``, ``lcm``. Anything else (an
-unknown command, ``\pm``, a function application ``f(2)``, ``|x|``, sets, degrees inside a trigonometric
-function, percent, a word) makes the side ``None``: **not parsed**, which the checker never counts as an
+small closed vocabulary: numbers, one-letter variables (with a subscript: ``a_3``; lower-case Greek letters,
+``\theta``, ``\omega``), ``pi``, ``sqrt``, ``sin``, ``cos``, ``tan``, ``sec``, ``csc``, ``cot``, ``log``, ``exp``,
+``binomial``, ``factorial``, ``floor``, ``ceiling``, ``gcd``, ``lcm``, angles in degrees (radians inside a
+trigonometric function, :func:`.claim_forms.degrees`) and applications of a one-letter function ``f(2)`` (the
+checker puts in the definition when a step or the problem gave one). Anything else (an unknown command,
+``\pm``, sets, percent, a word) makes the side ``None``: **not parsed**, which the checker never counts as an
 error. Linear in the text; raises nothing on odd text.
 """
 

@@ -47,6 +47,11 @@ identities) and which are conditions:
   modulus by their residues (:func:`_congruence_follows`: held when the same, failed when they share none,
   ``2n \equiv -10 \implies 2n \equiv 1 \pmod 3``; a list of residues, ``n \equiv 1`` or ``n \equiv 2``, is
   no derivation). ``gcd``/``lcm`` evaluate on integers only.
+* fourth round (:mod:`stepkit.grading.stepcheck_rules`): a defined function is put in wherever it is applied;
+  an ordering of a non-real number fails; an inequality that is the one before it times a negative expression
+  fails (:func:`_reversed`). Not failed: a later link that holds given the step's or the problem's conditions
+  (:func:`_by_condition`), a continued span that is a part of the expression before it (:func:`_part_of`), a
+  claim the step retracts after it (``Oops``), a name given in degrees inside a trigonometric function.
 """
 
 from __future__ import annotations
