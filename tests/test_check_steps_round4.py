@@ -114,3 +114,23 @@ def test_a_part_of_the_expression_before_and_a_retracted_claim_are_no_failures(p
     assert c.failed == 0 and c.held >= 5
     (c,) = check_solution([pb["math-786"]["steps"][2].replace("Oops! This simplification led us astray", "So")])
     assert c.failed == 1
+
+
+@pytest.fixture(scope="module")
+def pb_gsm8k() -> dict:
+    with open(DATA / "processbench" / "gsm8k.json") as f:
+        return {r["id"]: r for r in json.load(f)}
+
+
+def test_percent_and_currency_signs(pb, pb_gsm8k):
+    r"""math-856 (a correct solution) step 3: '\[ \left( \frac{\frac{A}{4}}{\frac{5A}{4}} \right) \times 100\% = ...
+    = \frac{1}{5} \times 100\% = 20\%' holds (a percent in hundredths, or with the sign dropped); gsm8k-81 step 5:
+    '\[50\% + 40\% + 12\% = 102\%\]' holds and, read as 92\%, fails (both readings false); gsm8k-115 step 2:
+    '\[ 10 \times \$0.80 = \$8.00 \]' holds (a currency sign is a unit) and, read as \$8.80, fails."""
+    (c,) = check_solution([pb["math-856"]["steps"][3]])
+    assert c.failed == 0 and c.held >= 3
+    step = pb_gsm8k["gsm8k-81"]["steps"][5]
+    assert check_solution([step])[0].held == 1
+    assert check_solution([step.replace("= 102\\%", "= 92\\%")])[0].failures == ["50\\% + 40\\% + 12\\% = 92\\%"]
+    step = pb_gsm8k["gsm8k-115"]["steps"][2]
+    assert (check_solution([step])[0].held, check_solution([step.replace("\\$8.00", "\\$8.80")])[0].failed) == (1, 1)

@@ -329,3 +329,25 @@ def degrees(s: str) -> str | None:
         return _DEGREE.sub("", s)
     s = _IN_DEGREES.sub(lambda m: "{(" + m.group(1) + r" \cdot \frac{\pi}{180})}", s)
     return None if _DEGREE.search(s) else s
+
+
+# Percent (sides of claims.Relation).
+
+_PERCENT = re.compile(r"\\%")
+
+
+def percent(part: str, read) -> tuple[str | None, str | None] | None:
+    r"""A side with ``\%`` read twice by ``read`` (:func:`claims.to_expression`): ``(as hundredths, the sign
+    dropped)`` (``60\% \cdot 20\% = 12\%`` holds in hundredths; ``0.6 \times 100 = 60\%`` with the sign
+    dropped, as solutions write it); None when the side has no percent."""
+    if not _PERCENT.search(part) or "%" in _PERCENT.sub("", part):
+        return None
+    return read(_PERCENT.sub(r" \\cdot \\frac{1}{100} ", part)), read(_PERCENT.sub(" ", part))
+
+
+def percent_pair(left, right, lhs, rhs) -> tuple[str | None, str | None] | None:
+    """The other reading (``Relation.alt``) of a relation one of whose sides has a percent (``left``/``right``:
+    :func:`percent` of each side, ``lhs``/``rhs`` the sides as read), or None."""
+    if left is None and right is None:
+        return None
+    return (left[1] if left else lhs), (right[1] if right else rhs)

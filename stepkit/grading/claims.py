@@ -62,6 +62,8 @@ class Relation:
             evaluates an earlier definition (a substitution: ``f(15) = 12(15) + 7``).
         modulus: the modulus (a plain expression) of a congruence ``op == "≡"`` (:mod:`.claim_forms`), else None.
         minus: both sides have ``\pm``: ``lhs``/``rhs`` are the ``+`` reading and this the ``-`` one (both must hold).
+        alt: a side has a percent: ``lhs``/``rhs`` read it as hundredths, this with the sign dropped (``\frac{15}{60}
+            \times 100 = 25\%``); failed only when both readings fail.
     """
 
     lhs: str | None
@@ -77,6 +79,7 @@ class Relation:
     call: tuple[str, str] | None = None
     modulus: str | None = None
     minus: tuple[str | None, str | None] | None = None
+    alt: tuple[str | None, str | None] | None = None
 
 
 @dataclass(frozen=True)
@@ -213,7 +216,7 @@ def to_expression(latex: str) -> str | None:
     docstring, with every product explicit (``2x(x+1)`` -> ``2*x*(x+1)``) and every decimal an exact
     fraction (``0.75`` -> ``(75/100)``); None when any part of it is outside that vocabulary."""
     s = cf.based_numbers(_unbox(latex.strip()).rstrip(".,;:").strip())
-    s = _UNIT.sub(" ", s).strip()
+    s = _UNIT.sub(" ", s).replace("\\$", " ").strip()  # (\$4.50: a currency sign is a unit)
     if not s or len(s) > 400 or "\x01" in s or "\x00" in s or s[0] in "+*/^" or s[-1] in "+-*/^":
         return None  # a word, or a part cut out of a longer expression
     s = cf.bars(cf.logs(s)) if "|" in s or "\\log_" in s else s
@@ -427,6 +430,7 @@ def _relations(math: str, previous: str | None) -> tuple[list[Relation], str | N
             else:
                 parts[0] = last if last is not None else previous
         exprs = [to_expression(p) for p in parts]
+        pct = [cf.percent(p, to_expression) for p in parts]  # (hundredths, dropped) of a side with \%, else None
         both = [cf.both_signs(p, to_expression) for p in parts]  # (+, -) readings of a side with \pm, else None
         units = [_units(p) for p in parts]
         for k, op in enumerate(ops):
@@ -441,6 +445,7 @@ def _relations(math: str, previous: str | None) -> tuple[list[Relation], str | N
             signs = (both[k], both[k + 1]) if both[k] and both[k + 1] else None  # \pm on both sides: two claims
             if signs:
                 exprs[k], exprs[k + 1] = signs[0][0], signs[1][0]
+            exprs[k], exprs[k + 1] = (x[0] if x else e for x, e in ((pct[k], exprs[k]), (pct[k + 1], exprs[k + 1])))
             if link == "first" and op == "=" and m and not both[k + 1]:
                 name = cf.GREEK.get(m.group(1).lstrip("\\"), m.group(1)) + (f"_{m.group(2)}" if m.group(2) else "")
             call = None
@@ -453,7 +458,8 @@ def _relations(math: str, previous: str | None) -> tuple[list[Relation], str | N
                                 _decimals(right), whole, bool(re.search(r"\d\.\d", left) or (  # (or inside the right side)
                                     re.search(r"\d\.\d", right) and not _decimals(right))), call=call,
                                 modulus=(to_expression(modulus) if modulus else None) if op == "≡" else None,
-                                minus=(signs[0][1], signs[1][1]) if signs else None))
+                                minus=(signs[0][1], signs[1][1]) if signs else None,
+                                alt=cf.percent_pair(pct[k], pct[k + 1], exprs[k], exprs[k + 1])))
         last = parts[-1] if parts[-1].strip() else last
     return out, last
 

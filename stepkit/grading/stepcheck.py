@@ -61,7 +61,7 @@ import re
 import signal
 import threading
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from stepkit.grading.claims import Arithmetic, Relation, Remainder, extract
 from stepkit.grading.stepcheck_rules import (
@@ -501,6 +501,10 @@ def _relation(S: _Sympy, r: Relation, defs: dict, conditions: list, rng: random.
     updates ``conditions`` (this step's) and ``last_equation`` (the solution's latest); ``memo``: the
     formulas of :func:`_formula`."""
     sp = S.sp
+    if r.alt is not None:  # a percent: in hundredths, else with the sign dropped (failed when both fail)
+        args = (defs, conditions, rng, history, funcs, symbolic, step, memo)
+        first = _relation(S, replace(r, alt=None), *args)
+        return first if first is not False else _relation(S, replace(r, lhs=r.alt[0], rhs=r.alt[1], alt=None), *args)
     if r.call is not None:
         return _call(S, r, funcs if funcs is not None else {}, rng)
     if r.minus is not None:
