@@ -332,7 +332,7 @@ def test_math500_reference_solutions_are_clue_sources(tmp_path):
     """A ProcessBench math row whose problem is in MATH-500 gets its LaTeX solution as reference_solution;
     `clue recover --from-reference` takes the solution's intermediate results as clues, the answer last
     (issue 23). math-1: the MATH-500 solution establishes 92/585 on the way to 1 \\pm \\sqrt{19}."""
-    from stepkit.grading.claims import solution_clues
+    from stepkit.grading.solution_clues import solution_clues
 
     with open(DATA / "math500" / "test.jsonl") as f:
         m500 = [json.loads(line) for line, _ in zip(f, range(4))]

@@ -14,7 +14,9 @@ of ProcessBench math, where a solution's first error is often written in a form 
   :func:`gcd_lcm` names them ``gcd(..)`` / ``lcm(..)`` (the checker evaluates them on integers only);
 * **worded claims** (:func:`worded`), in plain text or with each number in its own math span: ``the GCD of
   729 and 1875 is 3``, ``x rounded to the nearest tenth is 14.4`` (``rounds down to``), ``the remainder when
-  194 is divided by 11 is 7``, ``194 mod 11 = 7``.
+  194 is divided by 11 is 7``, ``194 mod 11 = 7``;
+* **angles in degrees** (:func:`degrees`: radians inside a trigonometric function, ``\cos 208^\circ``; else
+  the sign dropped) and **Greek letters** as variables (``GREEK``, lower case; ``\pi`` stays the number).
 """
 
 from __future__ import annotations
@@ -274,7 +276,7 @@ def applied(toks: list) -> list | None:
     out, i = [], 0
     while i < len(toks):
         kind, text = toks[i]
-        if kind != "func" or text not in ("sin", "cos", "tan", "log", "exp") or \
+        if kind != "func" or text not in ("sin", "cos", "tan", "sec", "csc", "cot", "log", "exp") or \
                 (i + 1 < len(toks) and toks[i + 1][1] == "("):
             out.append(toks[i])
             i += 1
@@ -300,3 +302,52 @@ def applied(toks: list) -> list | None:
         out += ([("op", "(")] + call + [("op", ")")] + power) if power else call
         i = k
     return out
+
+
+# Angles in degrees and Greek letters (tokens of claims.to_expression).
+
+GREEK = {"alpha": "\u03b1", "beta": "\u03b2", "gamma": "\u03b3", "delta": "\u03b4", "epsilon": "\u03b5",
+         "varepsilon": "\u03b5", "zeta": "\u03b6", "eta": "\u03b7", "theta": "\u03b8", "vartheta": "\u03b8",
+         "kappa": "\u03ba", "lambda": "\u03bb", "mu": "\u03bc", "nu": "\u03bd", "xi": "\u03be", "rho": "\u03c1",
+         "sigma": "\u03c3", "tau": "\u03c4", "phi": "\u03c6", "varphi": "\u03c6", "chi": "\u03c7", "psi": "\u03c8",
+         "omega": "\u03c9"}  # lower case only (\Delta, \Sigma name shapes, sums, changes); \pi is the number
+_DEGREE = re.compile(r"\^\s*\{\s*\\circ\s*\}|\^\s*\\circ|°")
+_TRIG = re.compile(r"\\(?:sin|cos|tan|sec|csc|cot)(?![A-Za-z])")
+_IN_DEGREES = re.compile(r"(\d+(?:\.\d+)?|(?<![A-Za-z\\])[A-Za-z](?![A-Za-z])|\\(?:" + "|".join(GREEK) + r")(?![A-Za-z]))\s*"
+                         r"(?:\^\s*\{\s*\\circ\s*\}|\^\s*\\circ|°)")
+
+
+def degrees(s: str) -> str | None:
+    r"""A side's degree signs: with no trigonometric function they are dropped (an angle is its number of
+    degrees: ``180^\circ - 2 \cdot 40^\circ = 100^\circ``); with one, each number or letter written in
+    degrees becomes radians, ``\cos 208^\circ`` -> ``\cos {(208 \cdot \frac{\pi}{180})}`` (so ``\tan 45^\circ
+    = 1`` holds and ``\cos 208^\circ = \cos(180^\circ - 208^\circ)`` fails); a degree sign on anything else
+    there (``\csc (2^3)^\circ``): None."""
+    if not _DEGREE.search(s):
+        return s
+    if not _TRIG.search(s):
+        return _DEGREE.sub("", s)
+    s = _IN_DEGREES.sub(lambda m: "{(" + m.group(1) + r" \cdot \frac{\pi}{180})}", s)
+    return None if _DEGREE.search(s) else s
+
+
+# Percent (sides of claims.Relation).
+
+_PERCENT = re.compile(r"\\%")
+
+
+def percent(part: str, read) -> tuple[str | None, str | None] | None:
+    r"""A side with ``\%`` read twice by ``read`` (:func:`claims.to_expression`): ``(as hundredths, the sign
+    dropped)`` (``60\% \cdot 20\% = 12\%`` holds in hundredths; ``0.6 \times 100 = 60\%`` with the sign
+    dropped, as solutions write it); None when the side has no percent."""
+    if not _PERCENT.search(part) or "%" in _PERCENT.sub("", part):
+        return None
+    return read(_PERCENT.sub(r" \\cdot \\frac{1}{100} ", part)), read(_PERCENT.sub(" ", part))
+
+
+def percent_pair(left, right, lhs, rhs) -> tuple[str | None, str | None] | None:
+    """The other reading (``Relation.alt``) of a relation one of whose sides has a percent (``left``/``right``:
+    :func:`percent` of each side, ``lhs``/``rhs`` the sides as read), or None."""
+    if left is None and right is None:
+        return None
+    return (left[1] if left else lhs), (right[1] if right else rhs)

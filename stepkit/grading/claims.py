@@ -17,10 +17,12 @@ verification (each step's own mathematics checked by a math tool) on the forms M
 
 Each side is turned into a plain expression (:func:`to_expression`: ``\frac{a}{b}`` -> ``((a)/(b))``,
 ``\sqrt`` -> ``sqrt``, ``^`` -> ``**``, implicit products made explicit, decimals as exact fractions) over a
-small closed vocabulary: numbers, one-letter variables (with a subscript: ``a_3``), ``pi``, ``sqrt``, ``sin``,
-``cos``, ``tan``, ``log``, ``exp``, ``binomial``, ``factorial``, ``floor``, ``ceiling``, ``gcd``, ``lcm``. Anything else (an
-unknown command, ``\pm``, a function application ``f(2)``, ``|x|``, sets, degrees inside a trigonometric
-function, percent, a word) makes the side ``None``: **not parsed**, which the checker never counts as an
+small closed vocabulary: numbers, one-letter variables (with a subscript: ``a_3``; lower-case Greek letters,
+``\theta``, ``\omega``), ``pi``, ``sqrt``, ``sin``, ``cos``, ``tan``, ``sec``, ``csc``, ``cot``, ``log``, ``exp``,
+``binomial``, ``factorial``, ``floor``, ``ceiling``, ``gcd``, ``lcm``, angles in degrees (radians inside a
+trigonometric function, :func:`.claim_forms.degrees`) and applications of a one-letter function ``f(2)`` (the
+checker puts in the definition when a step or the problem gave one). Anything else (an unknown command,
+``\pm``, sets, percent, a word) makes the side ``None``: **not parsed**, which the checker never counts as an
 error. Linear in the text; raises nothing on odd text.
 """
 
@@ -32,7 +34,7 @@ from dataclasses import dataclass, replace
 from stepkit.grading import claim_forms as cf
 from stepkit.grading.clues import read_step
 
-FUNCTIONS = ("sqrt", "sin", "cos", "tan", "log", "exp", "binomial", "factorial", "floor", "ceiling", "abs", "gcd", "lcm")
+FUNCTIONS = ("sqrt", "sin", "cos", "tan", "sec", "csc", "cot", "log", "exp", "binomial", "factorial", "floor", "ceiling", "abs", "gcd", "lcm")
 RELATIONS = {"=": "=", "<": "<", ">": ">", "\\le": "<=", "\\leq": "<=", "\\ge": ">=", "\\geq": ">=",
              "\\ne": "!=", "\\neq": "!=", "\\approx": "~", "≈": "~", "≤": "<=", "≥": ">=", "≠": "!=",
              "\\leqslant": "<=", "\\geqslant": ">=", "\\equiv": "≡"}
@@ -60,6 +62,8 @@ class Relation:
             evaluates an earlier definition (a substitution: ``f(15) = 12(15) + 7``).
         modulus: the modulus (a plain expression) of a congruence ``op == "≡"`` (:mod:`.claim_forms`), else None.
         minus: both sides have ``\pm``: ``lhs``/``rhs`` are the ``+`` reading and this the ``-`` one (both must hold).
+        alt: a side has a percent: ``lhs``/``rhs`` read it as hundredths, this with the sign dropped (``\frac{15}{60}
+            \times 100 = 25\%``); failed only when both readings fail.
     """
 
     lhs: str | None
@@ -75,6 +79,7 @@ class Relation:
     call: tuple[str, str] | None = None
     modulus: str | None = None
     minus: tuple[str | None, str | None] | None = None
+    alt: tuple[str | None, str | None] | None = None
 
 
 @dataclass(frozen=True)
@@ -119,8 +124,8 @@ _UNITS = re.compile(r"\\(?:text|mathrm|textbf|mbox|operatorname)\s*\{[^{}]*\}")
 _COMMAND = re.compile(r"\\([A-Za-z]+)")
 _REFUSE = re.compile(r"\\(?:pm|mp|infty|in|notin|cup|cap|sum|prod|int|lim|vec|overline|angle|triangle|mid|equiv|"
                      r"pmod|bmod|mod|cdots|ldots|dots|subset|cong|sim|perp|parallel)(?![A-Za-z])|%|\||\\?\$")
-_TOKEN = re.compile(r"\s*(?:(\d+\.\d*|\.\d+|\d+)|([A-Za-z]+(?:_\d+)?)|(\*\*|[-+*/(),]))")
-_LATEX_FUNCS = {"sin": "sin", "cos": "cos", "tan": "tan", "log": "log", "ln": "log", "exp": "exp", "pi": "pi",
+_TOKEN = re.compile(r"\s*(?:(\d+\.\d*|\.\d+|\d+)|([A-Za-z\u03b1-\u03c9]+(?:_\d+)?)|(\*\*|[-+*/(),]))")
+_LATEX_FUNCS = {"sin": "sin", "cos": "cos", "tan": "tan", "sec": "sec", "csc": "csc", "cot": "cot", "log": "log", "ln": "log", "exp": "exp", "pi": "pi",
                 "sqrt": "sqrt", "cdot": "*", "times": "*", "div": "/", "ast": "*", "lfloor": "floor(",
                 "rfloor": ")", "lceil": "ceiling(", "rceil": ")", "gcd": "gcd"}
 
@@ -211,7 +216,7 @@ def to_expression(latex: str) -> str | None:
     docstring, with every product explicit (``2x(x+1)`` -> ``2*x*(x+1)``) and every decimal an exact
     fraction (``0.75`` -> ``(75/100)``); None when any part of it is outside that vocabulary."""
     s = cf.based_numbers(_unbox(latex.strip()).rstrip(".,;:").strip())
-    s = _UNIT.sub(" ", s).strip()
+    s = _UNIT.sub(" ", s).replace("\\$", " ").strip()  # (\$4.50: a currency sign is a unit)
     if not s or len(s) > 400 or "\x01" in s or "\x00" in s or s[0] in "+*/^" or s[-1] in "+-*/^":
         return None  # a word, or a part cut out of a longer expression
     s = cf.bars(cf.logs(s)) if "|" in s or "\\log_" in s else s
@@ -219,10 +224,9 @@ def to_expression(latex: str) -> str | None:
         return None
     if _REFUSE.search(s) or re.search(r"[A-Za-z]\s*\^\s*\{\s*-\s*1\s*\}\s*\(", s):
         return None  # (f^{-1}(2): an inverse function)
-    if re.search(r"\\circ|°", s):
-        if re.search(r"\\(?:sin|cos|tan)", s):
-            return None  # degrees inside a trigonometric function: not read as radians
-        s = re.sub(r"\^\s*\{?\s*\\circ\s*\}?|°", "", s)
+    s = cf.degrees(s)  # (\cos 208^\circ: in radians inside a trigonometric function; else the sign dropped)
+    if s is None:
+        return None
     s = _THOUSANDS.sub("", s.replace("\u2212", "-"))
     s = _MIXED.sub(lambda m: f"({m.group(1)}+{m.group(2)}/{m.group(3)})" if int(m.group(2)) < int(m.group(3))
                    else "\x00", s)  # a mixed number 2\frac{6}{7}; an improper one is a typo or a product
@@ -242,7 +246,7 @@ def to_expression(latex: str) -> str | None:
 
     def command(m: re.Match) -> str:
         name = m.group(1)
-        return f" {_LATEX_FUNCS[name]} " if name in _LATEX_FUNCS else "\x00"
+        return f" {_LATEX_FUNCS[name]} " if name in _LATEX_FUNCS else f" {cf.GREEK[name]} " if name in cf.GREEK else "\x00"
 
     s = _COMMAND.sub(command, s)
     if "\x00" in s or "\\" in s:
@@ -297,14 +301,13 @@ def _explicit(s: str) -> str | None:
             if operand_end and operand_start:
                 if kind == "num" and pk in ("num", "name"):
                     return None  # 2 3, b32: no product anyone writes
-                if pk == "name" and text == "(" and pt in "fghpqPQFGH":
-                    return None  # a function application f(2): its definition is not known here
-                out.append("*")
+                if not (pk == "name" and text == "(" and pt in "fghpqPQFGH"):  # (f(2): an application, put
+                    out.append("*")  # in by the checker when the solution or the problem defined f)
         out.append(text)
     expr = "".join(out)
     if re.search(r"\*\*\s*\(?\s*\d{4,}", expr) or re.search(r"factorial\(\d{4,}", expr):
         return None  # too large to evaluate in a claim's time
-    if re.search(r"(?:sin|cos|tan)\(+\d+\)", expr):
+    if re.search(r"(?:sin|cos|tan|sec|csc|cot)\(+\d+\)", expr):
         return None  # \sin 30, \cos(60): degrees without the sign, not radians
     return expr
 
@@ -315,7 +318,7 @@ def _decimals(text: str) -> int:
 
 
 _MIXED = re.compile(r"(?<![\d.])(\d+)[ \t]*\\[dt]?frac\s*\{\s*(\d+)\s*\}\s*\{\s*(\d+)\s*\}")
-_NAME = re.compile(r"\s*([A-Za-z])(?:_\{?(\d+)\}?)?\s*")
+_NAME = re.compile(r"\s*([A-Za-z]|\\(?:" + "|".join(cf.GREEK) + r")(?![A-Za-z]))(?:_\{?(\d+)\}?)?\s*")
 
 
 _TEXT = re.compile(r"\\(?:text|mbox|mathrm|textbf|operatorname)\s*\{[^{}]*\}")
@@ -427,6 +430,7 @@ def _relations(math: str, previous: str | None) -> tuple[list[Relation], str | N
             else:
                 parts[0] = last if last is not None else previous
         exprs = [to_expression(p) for p in parts]
+        pct = [cf.percent(p, to_expression) for p in parts]  # (hundredths, dropped) of a side with \%, else None
         both = [cf.both_signs(p, to_expression) for p in parts]  # (+, -) readings of a side with \pm, else None
         units = [_units(p) for p in parts]
         for k, op in enumerate(ops):
@@ -441,8 +445,9 @@ def _relations(math: str, previous: str | None) -> tuple[list[Relation], str | N
             signs = (both[k], both[k + 1]) if both[k] and both[k + 1] else None  # \pm on both sides: two claims
             if signs:
                 exprs[k], exprs[k + 1] = signs[0][0], signs[1][0]
+            exprs[k], exprs[k + 1] = (x[0] if x else e for x, e in ((pct[k], exprs[k]), (pct[k + 1], exprs[k + 1])))
             if link == "first" and op == "=" and m and not both[k + 1]:
-                name = m.group(1) + (f"_{m.group(2)}" if m.group(2) else "")
+                name = cf.GREEK.get(m.group(1).lstrip("\\"), m.group(1)) + (f"_{m.group(2)}" if m.group(2) else "")
             call = None
             mc = _CALL.fullmatch(left) if link == "first" and op == "=" else None
             if mc and _balanced(mc.group(2)):
@@ -453,7 +458,8 @@ def _relations(math: str, previous: str | None) -> tuple[list[Relation], str | N
                                 _decimals(right), whole, bool(re.search(r"\d\.\d", left) or (  # (or inside the right side)
                                     re.search(r"\d\.\d", right) and not _decimals(right))), call=call,
                                 modulus=(to_expression(modulus) if modulus else None) if op == "≡" else None,
-                                minus=(signs[0][1], signs[1][1]) if signs else None))
+                                minus=(signs[0][1], signs[1][1]) if signs else None,
+                                alt=cf.percent_pair(pct[k], pct[k + 1], exprs[k], exprs[k + 1])))
         last = parts[-1] if parts[-1].strip() else last
     return out, last
 
@@ -540,58 +546,3 @@ def _holds(claim) -> bool:
     from stepkit.grading.clues import claim_holds
 
     return claim_holds(claim)
-
-
-def solution_clues(solution: str, answer: str | None = None) -> list:
-    r"""Clues (:class:`stepkit.grading.clues.Clue`) from a LaTeX reference solution (MATH-500's ``solution``):
-    the intermediate results it establishes, in order: the last side of every chain in math mode that is a
-    number (``r = \sqrt{0^2 + 3^2} = 3`` gives 3; ``\frac{4}{7}``; ``2\sqrt{3}``), once each, then the
-    reference answer (appended unless the last result is it, as :func:`stepkit.grading.clues.reference_clues`).
-
-    A rational result is written as an integer or ``a/b`` (so ``clue score`` compares it by value), any other
-    as its LaTeX; ``text`` is the solution's line around it (at most 200 characters). A clue depends on
-    nothing (MATH-500 does not say which results a result uses).
-
-    Returns:
-        A list, empty when the solution states no numeric result and no answer is given.
-    """
-    from stepkit.grading.clues import Clue, number_value
-
-    clues: list = []
-    seen: set = set()
-    for m in _MATH.finditer(solution):
-        body = next(g for g in (m.group(1), m.group(2), m.group(3), m.group(4), m.group(6)) if g is not None)
-        rels = _relations(body, None)[0]
-        for k, rel in enumerate(rels):
-            if k + 1 < len(rels) and rels[k + 1].link == "later":
-                continue  # not the chain's result
-            if rel.op != "=" or rel.rhs is None or re.search(r"[A-Za-z]", re.sub(r"sqrt|pi|factorial|binomial", "",
-                                                                                  rel.rhs)):
-                continue
-            value = _rational(rel.rhs)
-            if value is not None:
-                text_value = str(value.numerator) if value.denominator == 1 else f"{value.numerator}/{value.denominator}"
-            else:
-                text_value = rel.text.split(" = ")[-1].strip().rstrip(".,")
-            if not re.search(r"\d", text_value) or text_value in seen:
-                continue
-            seen.add(text_value)
-            line_start = solution.rfind("\n", 0, m.start()) + 1
-            line_end = solution.find("\n", m.end())
-            line = " ".join(solution[line_start:line_end if line_end >= 0 else None].split())
-            clues.append(Clue(line[:200], text_value))
-    if answer is not None and str(answer).strip():
-        ans = str(answer).strip()
-        last = clues[-1].value if clues else None
-        same = last is not None and (number_value(last) if number_value(last) is not None else None) is not None and \
-            number_value(last) == _rational(to_expression(ans))
-        if not same and last != ans:
-            clues.append(Clue(f"The answer is {ans}", ans, (len(clues) - 1,) if clues else ()))
-    return clues
-
-
-def _rational(expr: str | None):
-    """The exact value of a plain expression of numbers (``((14)/(3))``), or None."""
-    from stepkit.grading.clues import evaluate
-
-    return evaluate(expr.replace("**", "^")) if expr else None

@@ -47,6 +47,11 @@ identities) and which are conditions:
   modulus by their residues (:func:`_congruence_follows`: held when the same, failed when they share none,
   ``2n \equiv -10 \implies 2n \equiv 1 \pmod 3``; a list of residues, ``n \equiv 1`` or ``n \equiv 2``, is
   no derivation). ``gcd``/``lcm`` evaluate on integers only.
+* fourth round (:mod:`stepkit.grading.stepcheck_rules`): a defined function is put in wherever it is applied;
+  an ordering of a non-real number fails; an inequality that is the one before it times a negative expression
+  fails (:func:`_reversed`). Not failed: a later link that holds given the step's or the problem's conditions
+  (:func:`_by_condition`), a continued span that is a part of the expression before it (:func:`_part_of`), a
+  claim the step retracts after it (``Oops``), a name given in degrees inside a trigonometric function.
 """
 
 from __future__ import annotations
@@ -56,15 +61,19 @@ import re
 import signal
 import threading
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from stepkit.grading.claims import Arithmetic, Relation, Remainder, extract
 from stepkit.grading.stepcheck_rules import (
+    _apply,
+    _by_condition,
     _congruence_follows,
     _congruent,
     _constant_part,
     _inequality_follows,
+    _non_real,
     _number,
+    _part_of,
     _proportional,
     _sign_slip,
 )
@@ -80,6 +89,10 @@ SIGN_SLIPS = True  # a rearranged polynomial equation with some terms' signs fli
 FORMULAS = True  # a value named for a name with a formula is checked against it at the values given after it
 FORMULA_REACH = 3  # ... given at most this many claims before the value
 CASE_SCOPE = True  # a value given inside a case (if, suppose, for n = 4) is a definition in that case only
+RETRACT = True  # a failed claim before the step retracts it (Oops, I made a mistake) is not counted
+_RETRACTION = re.compile(r"\b(?:oops|I made (?:a|an) (?:mistake|error)|(?:this|that) (?:is|was) (?:incorrect|wrong)|"
+                         r"let me (?:correct|re-?check|re-?calculate))", re.I)
+_TRIG_EXPR = re.compile(r"(?:sin|cos|tan|sec|csc|cot)\(")
 SCOPE = "solution"  # where a definition holds: "solution" (later steps too), "step" (its own step), "none"
 _TINY = 1e-25
 
@@ -137,10 +150,11 @@ class _Sympy:
         from sympy.parsing.sympy_parser import parse_expr
 
         self.sp, self.parse_expr = sympy, parse_expr
-        self.names = {"abs": sympy.Abs, "sqrt": sympy.sqrt, "sin": sympy.sin, "cos": sympy.cos, "tan": sympy.tan, "log": sympy.log,
+        self.names = {"abs": sympy.Abs, "sqrt": sympy.sqrt, "sin": sympy.sin, "cos": sympy.cos, "tan": sympy.tan,
+                      "sec": sympy.sec, "csc": sympy.csc, "cot": sympy.cot, "log": sympy.log,
                       "exp": sympy.exp, "binomial": sympy.binomial, "factorial": sympy.factorial,
                       "floor": sympy.floor, "ceiling": sympy.ceiling, "pi": sympy.pi, "Integer": sympy.Integer,
-                      "Rational": sympy.Rational, "Symbol": sympy.Symbol, "Float": sympy.Float,
+                      "Rational": sympy.Rational, "Symbol": sympy.Symbol, "Function": sympy.Function, "Float": sympy.Float,
                       "gcd": self._integers(sympy, sympy.igcd), "lcm": self._integers(sympy, sympy.ilcm)}
 
     @staticmethod
@@ -162,7 +176,7 @@ class _Sympy:
         try:
             out = self.parse_expr(expr, global_dict=dict(self.names), local_dict={}, evaluate=True)
         except (SyntaxError, TypeError, ValueError, ZeroDivisionError, AttributeError, TokenError_, RecursionError,
-                OverflowError, MemoryError):
+                OverflowError, MemoryError, NameError):
             return None
         if not isinstance(out, self.sp.Expr) or out.has(self.sp.zoo, self.sp.nan, self.sp.oo, -self.sp.oo):
             return None
@@ -267,13 +281,15 @@ def check_solution(steps: list[str], timeout: float = 2.0, seed: int = 0, proble
     memo: dict = {"tick": 0, "formula": {}, "at": {}}  # formulas (x = (120 - k^2)^2) and when each name got a value
     funcs: dict = {}  # one-letter functions the solution defined: name -> (variable, body)
     for it in extract(problem)[0] if problem else []:
-        if isinstance(it, Relation) and it.call is not None:
-            try:
-                with _time_limit(timeout):
+        try:
+            with _time_limit(timeout):
+                if isinstance(it, Relation) and it.call is not None:
                     _call(S, it, funcs, rng)
-            except (ClaimTimeout, TypeError, ValueError, ZeroDivisionError, RecursionError, OverflowError,
-                    AttributeError):
-                pass
+                elif isinstance(it, Relation) and it.op == "=" and it.lhs and it.rhs:  # (xyz = 2, \omega^3 = 1)
+                    a, b = S.parse(it.lhs), S.parse(it.rhs)
+                    memo.setdefault("given", []).extend([(a, b)] if a is not None and b is not None else [])
+        except (ClaimTimeout, TypeError, ValueError, ZeroDivisionError, RecursionError, OverflowError, AttributeError):
+            pass
     problem_funcs = dict(funcs)
     last_equation: list = []  # the solution's conditions, oldest first: (condition, step, case within the step)
     case_defs: dict = {}  # the names given a value inside a case: name -> (step, case)
@@ -287,6 +303,7 @@ def check_solution(steps: list[str], timeout: float = 2.0, seed: int = 0, proble
             memo = {"tick": memo["tick"], "formula": {}, "at": {}}
         conditions = []  # this step's equations, which a value it names may solve
         cases = [m.start() for m in _CASE.finditer(step)]  # where a case opens (if, suppose, for n = 4, ...)
+        retracted = max([m.start() for m in _RETRACTION.finditer(step)], default=-1) if RETRACT else -1
         if not ACROSS:
             last_equation.clear()
         for it in items:
@@ -317,7 +334,7 @@ def check_solution(steps: list[str], timeout: float = 2.0, seed: int = 0, proble
                 case_defs.update({k: where for k, v in defs.items() if snapshot.get(k) is not v})
             if verdict == "skip":
                 continue
-            _count(res, verdict, it.text)
+            _count(res, None if verdict is False and it.at < retracted else verdict, it.text)
         out.append(res)
     return out
 
@@ -400,7 +417,7 @@ def _call(S: _Sympy, r: Relation, funcs: dict, rng: random.Random):
     ``f(x) = ax + b``)."""
     sp = S.sp
     name, arg_text = r.call
-    arg, b = S.parse(arg_text), S.parse(r.rhs)
+    arg, b = _apply(sp, S.parse(arg_text), funcs), _apply(sp, S.parse(r.rhs), funcs)
     if arg is None or b is None:
         return None
     if arg.is_Symbol:
@@ -484,6 +501,10 @@ def _relation(S: _Sympy, r: Relation, defs: dict, conditions: list, rng: random.
     updates ``conditions`` (this step's) and ``last_equation`` (the solution's latest); ``memo``: the
     formulas of :func:`_formula`."""
     sp = S.sp
+    if r.alt is not None:  # a percent: in hundredths, else with the sign dropped (failed when both fail)
+        args = (defs, conditions, rng, history, funcs, symbolic, step, memo)
+        first = _relation(S, replace(r, alt=None), *args)
+        return first if first is not False else _relation(S, replace(r, lhs=r.alt[0], rhs=r.alt[1], alt=None), *args)
     if r.call is not None:
         return _call(S, r, funcs if funcs is not None else {}, rng)
     if r.minus is not None:
@@ -492,10 +513,16 @@ def _relation(S: _Sympy, r: Relation, defs: dict, conditions: list, rng: random.
         points = _points(S, r, defs)
         if points != "no tuple":
             return points
-    a, b = S.parse(r.lhs), S.parse(r.rhs)
+    a, b = (_apply(sp, S.parse(x), funcs) for x in (r.lhs, r.rhs))
     if b is None or (a is None and r.name is None):
         return None
+    in_degrees = memo.setdefault("degrees", set()) if memo is not None else set()
+    if in_degrees and _TRIG_EXPR.search(f"{r.lhs} {r.rhs}") and any(re.search(
+            rf"(?<![\w.]){re.escape(v.name)}(?![\w.])(?!\*\(\(pi\)/\(180\)\))", f"{r.lhs} {r.rhs}") for v in in_degrees):
+        return None  # (\theta = 45^\circ, then \cos \theta: not cos(45); \cos n^\circ is read in degrees)
     if r.name is not None and r.op == "=":
+        if re.search(r"\\circ|°", r.text.partition(" = ")[2]):
+            in_degrees.add(sp.Symbol(r.name))
         value = b.subs(defs) if b.free_symbols else b
         if b.free_symbols and memo is not None:  # a formula as written (y = \frac{1}{5}x + \frac{13}{5})
             memo["formula"][r.name] = (b, memo["tick"]) if symbolic is not None else None
@@ -538,8 +565,12 @@ def _relation(S: _Sympy, r: Relation, defs: dict, conditions: list, rng: random.
     else:
         a2, b2 = a.subs(defs), b.subs(defs)
     free = a2.free_symbols | b2.free_symbols
+    if r.op in ("<", "<=", ">", ">=") and (_non_real(sp, a2) or _non_real(sp, b2)):
+        return False  # (x > \sqrt{-7}: no ordering of non-real numbers)
     if not free:
         verdict = _numeric(sp, r.op, a2, b2, r.decimals, r.whole, r.rounded_input)
+        if verdict is False and r.link == "continued" and _part_of(sp, a2, b2):
+            return None
         if verdict is False and (a2.has(sp.log) or b2.has(sp.log)):  # \log without a base: ln or log10
             ten = lambda x: sp.log(x) / sp.log(10)  # noqa: E731
             verdict = _numeric(sp, r.op, a2.replace(sp.log, ten), b2.replace(sp.log, ten), r.decimals, r.whole,
@@ -550,6 +581,9 @@ def _relation(S: _Sympy, r: Relation, defs: dict, conditions: list, rng: random.
             return _inequality_follows(sp, r.op, a2, b2, memo)
         return None
     same = _identity_or_imaginary(sp, a2, b2, rng)
+    if same is False and r.link != "first" and ((r.link == "continued" and _part_of(sp, a2, b2)) or _by_condition(
+            sp, a2 - b2, [c for c in conditions if c[1] != a2] + (memo or {}).get("given", []))):
+        return None  # a part of the expression before it, or a condition put in
     if same or r.link != "first":  # a simplification keeps its variables; an evaluation at unknown values
         return same if same or a2.free_symbols == b2.free_symbols else None  # is not decided
     verdict = _follows(sp, (a2, b2), history)

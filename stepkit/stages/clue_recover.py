@@ -18,7 +18,7 @@ trajectories shard (the first row of each problem without an upstream error, in 
   ``reference_solution`` column (:func:`stepkit.grading.clues.reference_clues`), which ``ingest`` keeps; a
   LaTeX reference solution (MATH-500's ``solution``, which ``ingest processbench`` attaches to the math rows
   whose problem is in MATH-500) gives one clue per numeric result it establishes in math mode
-  (:func:`stepkit.grading.claims.solution_clues`: the result of each chain, boxed values);
+  (:func:`stepkit.grading.solution_clues.solution_clues`: the result of each chain, boxed values);
 * ``from_actions``: no model; agent conversations (``ingest messages``): a *value* clue per identifier
   argument of each state-changing gold call (``reference_actions``) and a *call* clue per such call
   (:func:`stepkit.grading.actions.action_clues`; ``clue_kinds`` says which). A task with no
@@ -49,8 +49,8 @@ from stepkit.engines.base import EngineSpec, SamplingConfig
 from stepkit.errors import ConfigError, InputError, RowError
 from stepkit.grading.actions import READ_ONLY_TOOLS, action_clues
 from stepkit.grading.answers import strip_calculator_annotations
-from stepkit.grading.claims import solution_clues
 from stepkit.grading.clues import Clue, number_value, reference_clues
+from stepkit.grading.solution_clues import solution_clues
 from stepkit.options import Config, opt
 from stepkit.per_row import sample_parsed
 from stepkit.prompts import PromptTemplate, clue_template, render_clue_recover
@@ -147,7 +147,7 @@ def with_answer_last(clues: list[Clue], answer: str) -> list[Clue]:
 def from_reference(solution: str, answer: str) -> list[Clue]:
     r"""The clues of a reference solution: a GSM8K solution (``<<a=b>>`` annotations, or plain arithmetic) by
     :func:`stepkit.grading.clues.reference_clues`; a LaTeX one (MATH-500's, math mode ``$``/``\(``/``\[``
-    and no annotation) by :func:`stepkit.grading.claims.solution_clues`: its intermediate numeric results
+    and no annotation) by :func:`stepkit.grading.solution_clues.solution_clues`: its intermediate numeric results
     (displayed and inline chains' results, boxed values), the reference answer last."""
     if "<<" not in solution and re.search(r"\$|\\\(|\\\[|\\boxed", solution):
         return solution_clues(solution, answer)
@@ -227,7 +227,7 @@ class ClueRecoverStage(EngineStage):
                             "state-changing gold call's call clue"}
         if self.cfg.from_reference:
             return {"from_reference": True, "rule": "one clue per GSM8K <<a=b>> annotation; a LaTeX solution (MATH-500): "
-                    "one per numeric result of a chain in math mode (stepkit.grading.claims.solution_clues); "
+                    "one per numeric result of a chain in math mode (stepkit.grading.solution_clues.solution_clues); "
                     "reference answer last"}
         return {**super().config(), "prompt_template": {"version": self.template.version, "hash": self.template.hash()}}
 
