@@ -68,24 +68,40 @@ def main() -> None:
             with self.lock:
                 self.busy -= 1
 
-        def submit(self, request, sampling):
+        def submit_each(self, request, sampling):  # each sample done when its own decoding is (as vLLM's)
             samples = super().generate([request], sampling)[0]  # the policy's answers (counts the tokens)
-            done: concurrent.futures.Future = concurrent.futures.Future()
+            parts = [concurrent.futures.Future() for _ in samples]
             left = [len(samples)]
             with self.lock:
                 self.requests += 1
 
-            def one_done(_):
+            def one_done(_, part, c):
                 with self.lock:
                     left[0] -= 1
-                    last = left[0] == 0
-                    if last:
+                    if left[0] == 0:
                         self.requests -= 1
-                if last:
-                    done.set_result(samples)
+                part.set_result(c)
 
-            for c in samples:
-                self.slots.submit(self._decode, max(1, c.num_tokens)).add_done_callback(one_done)
+            for part, c in zip(parts, samples):
+                self.slots.submit(self._decode, max(1, c.num_tokens)).add_done_callback(
+                    lambda f, part=part, c=c: one_done(f, part, c))
+            return parts
+
+        def submit(self, request, sampling):  # the whole request: done when its last sample is
+            parts = self.submit_each(request, sampling)
+            done: concurrent.futures.Future = concurrent.futures.Future()
+            left = [len(parts)]
+            lock = threading.Lock()
+
+            def one(_):
+                with lock:
+                    left[0] -= 1
+                    last = left[0] == 0
+                if last:
+                    done.set_result([p.result() for p in parts])
+
+            for p in parts:
+                p.add_done_callback(one)
             return done
 
         def generate(self, requests, sampling):  # one engine call: every sample queued at once
