@@ -5,6 +5,8 @@ running batch), each sample holding a slot for ``--step`` s per generated token 
 token, its time independent of how many sequences share it), the rest waiting in a first-come queue. So
 its generated tokens/s is ``slots / step`` exactly when every slot is busy, and falls with the slots left
 idle: the only thing that can leave them idle is the stage and the runner not having requests out.
+Each sample of a request finishes on its own (``submit_each``, as a sequence leaves vLLM's batch), so
+a binary-search probe can be decided by its first correct sample.
 
 On real GSM8K model solutions (a deterministic policy reaches the gold answer with a chance falling with
 depth, ``tests.window_cases.GoldPolicy``), for each ``--solutions`` count: exhaustive mc-label (one engine

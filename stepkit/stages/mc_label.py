@@ -49,6 +49,9 @@ Modes:
   a row costs at most K * (ceil(log2 M) + 1) continuations including ``v_0``. Steps that were not
   estimated have null value/progress, ``mc_estimated`` false, and a label inferred from the search
   (true before the first error, false from it on).
+  A probe is decided by its first correct continuation (its value is > 0 whatever the others say), so
+  the next probe is sent while the probe's other continuations finish (on an engine that finishes
+  samples apart, :meth:`~stepkit.engines.base.Engine.submit_each`); every probe still counts its K.
 """
 
 from __future__ import annotations

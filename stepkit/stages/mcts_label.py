@@ -58,7 +58,9 @@ prefix is a proper prefix of its own):
 
 Scheduling: every problem of a chunk searches in its own coroutine and awaits the engine's
 asynchronous path (:meth:`stepkit.engines.base.Engine.agenerate`), so the engine batches all searches'
-requests and none waits for another's slowest continuation; the runner keeps several chunks in flight
+requests and none waits for another's slowest continuation; a binary-search probe is decided by its
+first correct rollout (:class:`stepkit.stages.mcts_tree.Tree`: the next probe goes out while the others
+finish; the tree is recorded in the order probes were sent, so it is the same); the runner keeps several chunks in flight
 (``--chunks-in-flight``), so the next chunk's searches start while a chunk's slowest ones finish. A
 problem's rows are never split across chunks (``group_by``), so its tree is committed whole.
 """
