@@ -63,6 +63,20 @@ class Held(ScriptedEngine):
         self.stop.set()
 
 
+class Exact:
+    """A stand-in answer checker (equal strings), answering at once: the held samples' timing is the
+    engine's alone (the math-verify pool's first checks would take part of :data:`QUIET`)."""
+
+    def check_many(self, pairs):
+        return [pred is not None and gold == pred for gold, pred in pairs]
+
+    def gold_problems(self, golds):
+        return dict.fromkeys(golds)
+
+    def close(self):
+        pass
+
+
 STEPS = [f"s{i}" for i in range(1, 9)]
 
 
@@ -71,7 +85,7 @@ def prefix_policy(prompt: str, j: int, n: int) -> str:
     return "The answer is 42." if j == 0 and depth(prompt) <= 5 else "The answer is 7."
 
 
-def test_binary_mc_label_sends_the_next_probe_on_the_first_correct_sample(tmp_path, checker):
+def test_binary_mc_label_sends_the_next_probe_on_the_first_correct_sample(tmp_path):
     row = {"id": "r0", "problem_id": "p0", "source": None, "prompt": "What is 6*7?", "reference_answer": "42",
            "steps": STEPS, "step_separator": "\n", "final_answer": "7", "outcome_correct": False,
            "generator": "human", "error": None}
@@ -81,7 +95,7 @@ def test_binary_mc_label_sends_the_next_probe_on_the_first_correct_sample(tmp_pa
     for i, cls in enumerate((ScriptedEngine, Held)):
         engine = cls(prefix_policy, "scripted:prefix")
         st = MCLabelStage(MCLabelConfig(continuations=3, mode="binary"), EngineSpec.of(engine),
-                          SamplingConfig(max_tokens=64), lambda: checker)
+                          SamplingConfig(max_tokens=64), Exact)
         run_stage(st, src, tmp_path / f"o{i}.parquet", progress=False)
         rows.append(pq.read_table(tmp_path / f"o{i}.parquet").to_pylist())
     assert rows[0] == rows[1]
@@ -108,7 +122,7 @@ def branch_policy(prompt: str, j: int, n: int) -> str:
                      + ["The answer is 0."])
 
 
-def test_mcts_sends_the_next_probe_on_the_first_correct_rollout(tmp_path, checker):
+def test_mcts_sends_the_next_probe_on_the_first_correct_rollout(tmp_path):
     prob = {"problem_id": "p0", "source": None, "prompt": "What is 6*7?", "reference_answer": "42"}
     src = tmp_path / "p.parquet"
     pq.write_table(pa.Table.from_pylist([prob]), src)
@@ -116,7 +130,7 @@ def test_mcts_sends_the_next_probe_on_the_first_correct_rollout(tmp_path, checke
     for i, cls in enumerate((ScriptedEngine, Held)):
         engine = cls(branch_policy, "scripted:branch")
         st = MCTSLabelStage(MCTSConfig(continuations=3, search_limit=1, tree_out=str(tmp_path / f"t{i}.parquet")),
-                            EngineSpec.of(engine), SamplingConfig(max_tokens=64), lambda: checker)
+                            EngineSpec.of(engine), SamplingConfig(max_tokens=64), Exact)
         run_stage(st, src, tmp_path / f"m{i}.parquet", progress=False)
         out.append((pq.read_table(tmp_path / f"m{i}.parquet").to_pylist(),
                     pq.read_table(tmp_path / f"t{i}.parquet").to_pylist()))
