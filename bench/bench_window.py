@@ -19,13 +19,16 @@ then each run's tokens/s as a ratio to exhaustive mc-label's (targets: mcts-labe
 
 Prints what was measured in this run, never absolute claims.
 
-Usage: python bench/bench_window.py [--solutions 16,64] [--windows 1,default] [--slots 64] [--step 0.02]
+With ``--repeat N`` each measurement runs N times and the ratios are of the medians.
+
+Usage: python bench/bench_window.py [--solutions 16,64] [--windows 1,default] [--slots 64] [--step 0.02] [--repeat 1]
 """
 
 from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import statistics
 import sys
 import tempfile
 import threading
@@ -44,6 +47,8 @@ def main() -> None:
     ap.add_argument("--slots", type=int, default=64, help="sequences the engine decodes at once")
     ap.add_argument("--step", type=float, default=0.02, help="seconds per decoding step (one token per sequence)")
     ap.add_argument("--k", type=int, default=4)
+    ap.add_argument("--repeat", type=int, default=1, help="runs of each measurement; ratios from their medians "
+                    "(a 16-problem run lasts about a second: a loaded machine's stalls weigh on one run)")
     args = ap.parse_args()
 
     from stepkit.engines.base import EngineSpec, SamplingConfig
@@ -135,7 +140,13 @@ def main() -> None:
                IngestOptions(limit=n_sol, generators=("175b_verification",)), checker, checker_settings())
         golds = {r["prompt"]: r["reference_answer"] for r in read_rows(sol)}
 
-        def measure(name, make, window, golds=golds, sol=sol, n_sol=n_sol):
+        def measure(name, make, window):
+            """The median tokens/s of ``--repeat`` runs (each printed) and the rows (checked the same each time)."""
+            got = [measure_once(name, make, window) for _ in range(args.repeat)]
+            assert all(rows == got[0][1] for _, rows in got), f"{name}: rows differ between repeats"
+            return statistics.median(tps for tps, _ in got), got[0][1]
+
+        def measure_once(name, make, window, golds=golds, sol=sol, n_sol=n_sol):
             engine = Batched(GoldPolicy(golds), "scripted:gold")
             stage = make(EngineSpec.of(engine))
             samples, stop = [], threading.Event()
