@@ -142,11 +142,11 @@ def main() -> None:
 
         def measure(name, make, window):
             """The median tokens/s of ``--repeat`` runs (each printed) and the rows (checked the same each time)."""
-            got = [measure_once(name, make, window) for _ in range(args.repeat)]
+            got = [measure_once(name, make, window, rep) for rep in range(args.repeat)]
             assert all(rows == got[0][1] for _, rows in got), f"{name}: rows differ between repeats"
             return statistics.median(tps for tps, _ in got), got[0][1]
 
-        def measure_once(name, make, window, golds=golds, sol=sol, n_sol=n_sol):
+        def measure_once(name, make, window, rep, golds=golds, sol=sol, n_sol=n_sol):
             engine = Batched(GoldPolicy(golds), "scripted:gold")
             stage = make(EngineSpec.of(engine))
             samples, stop = [], threading.Event()
@@ -156,7 +156,7 @@ def main() -> None:
                     samples.append(engine.busy)
 
             t = threading.Thread(target=sample, daemon=True)
-            out = tmp / f"{name}-{n_sol}-{window}.parquet"
+            out = tmp / f"{name}-{n_sol}-{window}-{rep}.parquet"  # (a fresh OUT: an existing one would resume)
             t0 = time.perf_counter()
             t.start()
             (res,) = run_stage(stage, sol, out, progress=False, chunks_in_flight=window)
