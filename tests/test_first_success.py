@@ -158,3 +158,47 @@ def test_submit_each_spreads_a_whole_request_and_its_failure():
     for f in parts:
         with pytest.raises(StepkitError, match="returned 1 completions for n = 2"):
             f.result()
+
+
+def failing(policy, at: int):
+    """``policy``, with sample 2 of the prefix of ``at`` steps an engine error."""
+    def wrapped(prompt: str, j: int, n: int):
+        return Completion("boom", "error") if j == 2 and depth(prompt) == at else policy(prompt, j, n)
+    return wrapped
+
+
+@pytest.mark.parametrize("case", ["mc-label", "mcts-label"])
+def test_an_error_after_an_early_decision_gives_the_rows_and_counts_of_a_search_that_waits(tmp_path, case):
+    """The probe decided by its sample 0 fails at sample 2: the probe sent early is never counted, so the
+    rows and the manifest's counts are the scripted engine's (which sends no probe after the failing one)."""
+    from stepkit.shards import read_manifest
+
+    if case == "mc-label":
+        row = {"id": "r0", "problem_id": "p0", "source": None, "prompt": "What is 6*7?", "reference_answer": "42",
+               "steps": STEPS, "step_separator": "\n", "final_answer": "7", "outcome_correct": False,
+               "generator": "human", "error": None}
+        src = tmp_path / "in.parquet"
+        pq.write_table(pa.Table.from_pylist([row], schema=TRAJECTORY_SCHEMA), src)
+        policy = failing(prefix_policy, 4)
+
+        def stage(engine):
+            return MCLabelStage(MCLabelConfig(continuations=3, mode="binary"), EngineSpec.of(engine),
+                                SamplingConfig(max_tokens=64), Exact)
+    else:
+        src = tmp_path / "p.parquet"
+        pq.write_table(pa.Table.from_pylist([{"problem_id": "p0", "source": None, "prompt": "What is 6*7?",
+                                              "reference_answer": "42"}]), src)
+        policy = failing(branch_policy, 2)
+
+        def stage(engine):
+            return MCTSLabelStage(MCTSConfig(continuations=3, search_limit=1), EngineSpec.of(engine),
+                                  SamplingConfig(max_tokens=64), Exact)
+    out = []
+    for i, cls in enumerate((ScriptedEngine, Held)):
+        engine = cls(policy, "scripted:failing")
+        run_stage(stage(engine), src, tmp_path / f"o{i}.parquet", progress=False, max_error_rate=1.0)
+        out.append((pq.read_table(tmp_path / f"o{i}.parquet").to_pylist(), read_manifest(tmp_path / f"o{i}.parquet")["counts"]))
+    assert out[0] == out[1]
+    assert "boom" in str(out[1][0][0]["error"])
+    later = {"mc-label": 6, "mcts-label": 3}[case]
+    assert later in [d for d, _ in engine.sent]  # the probe after the failing one was sent, and not counted
