@@ -200,5 +200,7 @@ def test_an_error_after_an_early_decision_gives_the_rows_and_counts_of_a_search_
         out.append((pq.read_table(tmp_path / f"o{i}.parquet").to_pylist(), read_manifest(tmp_path / f"o{i}.parquet")["counts"]))
     assert out[0] == out[1]
     assert "boom" in str(out[1][0][0]["error"])
+    # what a search that waits spends: v_0 + probe 4 (mc-label); the root + probes 4 and 2 (mcts-label)
+    assert out[1][1]["continuations"] == {"mc-label": 6, "mcts-label": 9}[case]
     later = {"mc-label": 6, "mcts-label": 3}[case]
     assert later in [d for d, _ in engine.sent]  # the probe after the failing one was sent, and not counted
