@@ -5,6 +5,8 @@ running batch), each sample holding a slot for ``--step`` s per generated token 
 token, its time independent of how many sequences share it), the rest waiting in a first-come queue. So
 its generated tokens/s is ``slots / step`` exactly when every slot is busy, and falls with the slots left
 idle: the only thing that can leave them idle is the stage and the runner not having requests out.
+Each sample of a request finishes on its own (``submit_each``, as a sequence leaves vLLM's batch), so
+a binary-search probe can be decided by its first correct sample.
 
 On real GSM8K model solutions (a deterministic policy reaches the gold answer with a chance falling with
 depth, ``tests.window_cases.GoldPolicy``), for each ``--solutions`` count: exhaustive mc-label (one engine
@@ -17,13 +19,16 @@ then each run's tokens/s as a ratio to exhaustive mc-label's (targets: mcts-labe
 
 Prints what was measured in this run, never absolute claims.
 
-Usage: python bench/bench_window.py [--solutions 16,64] [--windows 1,default] [--slots 64] [--step 0.02]
+With ``--repeat N`` each measurement runs N times and the ratios are of the medians.
+
+Usage: python bench/bench_window.py [--solutions 16,64] [--windows 1,default] [--slots 64] [--step 0.02] [--repeat 1]
 """
 
 from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import statistics
 import sys
 import tempfile
 import threading
@@ -42,6 +47,8 @@ def main() -> None:
     ap.add_argument("--slots", type=int, default=64, help="sequences the engine decodes at once")
     ap.add_argument("--step", type=float, default=0.02, help="seconds per decoding step (one token per sequence)")
     ap.add_argument("--k", type=int, default=4)
+    ap.add_argument("--repeat", type=int, default=1, help="runs of each measurement; ratios from their medians "
+                    "(a 16-problem run lasts about a second: a loaded machine's stalls weigh on one run)")
     args = ap.parse_args()
 
     from stepkit.engines.base import EngineSpec, SamplingConfig
@@ -68,24 +75,40 @@ def main() -> None:
             with self.lock:
                 self.busy -= 1
 
-        def submit(self, request, sampling):
+        def submit_each(self, request, sampling):  # each sample done when its own decoding is (as vLLM's)
             samples = super().generate([request], sampling)[0]  # the policy's answers (counts the tokens)
-            done: concurrent.futures.Future = concurrent.futures.Future()
+            parts = [concurrent.futures.Future() for _ in samples]
             left = [len(samples)]
             with self.lock:
                 self.requests += 1
 
-            def one_done(_):
+            def one_done(_, part, c):
                 with self.lock:
                     left[0] -= 1
-                    last = left[0] == 0
-                    if last:
+                    if left[0] == 0:
                         self.requests -= 1
-                if last:
-                    done.set_result(samples)
+                part.set_result(c)
 
-            for c in samples:
-                self.slots.submit(self._decode, max(1, c.num_tokens)).add_done_callback(one_done)
+            for part, c in zip(parts, samples):
+                self.slots.submit(self._decode, max(1, c.num_tokens)).add_done_callback(
+                    lambda f, part=part, c=c: one_done(f, part, c))
+            return parts
+
+        def submit(self, request, sampling):  # the whole request: done when its last sample is
+            parts = self.submit_each(request, sampling)
+            done: concurrent.futures.Future = concurrent.futures.Future()
+            left = [len(parts)]
+            lock = threading.Lock()
+
+            def one(_):
+                with lock:
+                    left[0] -= 1
+                    last = left[0] == 0
+                if last:
+                    done.set_result([p.result() for p in parts])
+
+            for p in parts:
+                p.add_done_callback(one)
             return done
 
         def generate(self, requests, sampling):  # one engine call: every sample queued at once
@@ -117,7 +140,13 @@ def main() -> None:
                IngestOptions(limit=n_sol, generators=("175b_verification",)), checker, checker_settings())
         golds = {r["prompt"]: r["reference_answer"] for r in read_rows(sol)}
 
-        def measure(name, make, window, golds=golds, sol=sol, n_sol=n_sol):
+        def measure(name, make, window):
+            """The median tokens/s of ``--repeat`` runs (each printed) and the rows (checked the same each time)."""
+            got = [measure_once(name, make, window, rep) for rep in range(args.repeat)]
+            assert all(rows == got[0][1] for _, rows in got), f"{name}: rows differ between repeats"
+            return statistics.median(tps for tps, _ in got), got[0][1]
+
+        def measure_once(name, make, window, rep, golds=golds, sol=sol, n_sol=n_sol):
             engine = Batched(GoldPolicy(golds), "scripted:gold")
             stage = make(EngineSpec.of(engine))
             samples, stop = [], threading.Event()
@@ -127,7 +156,7 @@ def main() -> None:
                     samples.append(engine.busy)
 
             t = threading.Thread(target=sample, daemon=True)
-            out = tmp / f"{name}-{n_sol}-{window}.parquet"
+            out = tmp / f"{name}-{n_sol}-{window}-{rep}.parquet"  # (a fresh OUT: an existing one would resume)
             t0 = time.perf_counter()
             t.start()
             (res,) = run_stage(stage, sol, out, progress=False, chunks_in_flight=window)

@@ -16,6 +16,9 @@
   apart, a run where most are refused, :func:`empty_refusal`) and how many of a prefix's continuations are
   *distinct* texts (a run whose :func:`distinct_share` is below :data:`MIN_DISTINCT_SHARE` gets one
   warning, :func:`distinct_warning`).
+* :func:`first_success`: a binary-search probe (``mc-label --mode binary``, ``mcts-label``) is decided by
+  its first correct sample (the prefix's value is > 0 whatever the others say), so the search sends its
+  next probe while the probe's other samples finish (:meth:`~stepkit.engines.base.Engine.agenerate_each`).
 """
 
 from __future__ import annotations
@@ -129,6 +132,32 @@ async def sample_parsed(engine, prompt: str, sampling: SamplingConfig, parse: Ca
                 out.failures += 1
                 out.last_failure = str(e)
     return out
+
+
+async def first_success(draws: list, verdict: Callable[[Any], bool | None]) -> bool:
+    """Wait on one probe's samples until one succeeds (True) or all of them are done (False).
+
+    Args:
+        draws: the probe's samples as asyncio futures or tasks (one per sample, any order of completion).
+        verdict: ``verdict(result)`` of a finished sample: True a success (e.g. graded correct), False not,
+            None a failure (an error completion). After a failure, or a sample that raised or was
+            cancelled, no success decides early: the caller reads every sample, and the failure, in order.
+
+    Returns:
+        True as soon as a sample succeeded (the other samples may still be running: the caller reads them
+        later for its counts), False once every sample is done with none succeeding (or a failure seen).
+    """
+    import asyncio  # (imported where used: a command's --help loads no asyncio)
+
+    pending, failed = set(draws), False
+    while pending:
+        done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+        for d in done:
+            v = None if d.cancelled() or d.exception() is not None else verdict(d.result())
+            failed = failed or v is None
+            if v and not failed:
+                return True
+    return False
 
 
 MIN_DISTINCT_SHARE = 0.5

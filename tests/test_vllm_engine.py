@@ -95,6 +95,20 @@ def test_results_are_order_preserving_with_n_each(engine):
     assert engine.generate([], GREEDY) == []
 
 
+def test_submit_each_gives_each_sample_its_future_and_submits_samples(engine):
+    """One future per sample (the request sent as n requests of one sample); greedy, they are submit's."""
+    req = Request("1, 2, 3, 4, 5,", n=3)
+    each = [f.result(timeout=300) for f in engine.submit_each(req, GREEDY)]
+    whole = engine.submit(req, GREEDY).result(timeout=300)
+    assert [c.text for c in each] == [c.text for c in whole] and all(c.text.startswith(" 6, 7") for c in each)
+    before = engine.stats.completions
+    sampled = engine.submit_each(Request("Once upon a time", n=3), SamplingConfig(temperature=1.0, max_tokens=8))
+    assert len(sampled) == 3 and engine.stats.completions == before + 3
+    assert all(f.result(timeout=300).finish_reason in ("stop", "length") for f in sampled)
+    too_long = engine.submit_each(Request("one two three four " * 1200, n=2), GREEDY)
+    assert [f.result(timeout=300).finish_reason for f in too_long] == ["error", "error"]
+
+
 def test_tiny_max_tokens_gives_length(engine):
     prompt = engine.render_chat([{"role": "user", "content": "Write a long story about a dragon."}])
     results = engine.generate([Request(prompt, n=3)], SamplingConfig(temperature=0.8, max_tokens=2))

@@ -38,6 +38,11 @@ class OrderFree(ScriptedEngine):
         delay = self.rng.random() * 0.01
         return self.pool.submit(lambda: (time.sleep(delay), self.generate([request], sampling)[0])[1])
 
+    def submit_each(self, request, sampling):
+        """Each sample after a random delay of its own, so a request's samples finish out of order too."""
+        samples = self.generate([request], sampling)[0]
+        return [self.pool.submit(lambda c=c, d=self.rng.random() * 0.01: (time.sleep(d), c)[1]) for c in samples]
+
     def close(self):
         self.pool.shutdown(wait=True)
 

@@ -329,6 +329,39 @@ class Engine:
 
         return await asyncio.wrap_future(self.submit(request, sampling))
 
+    def submit_each(self, request: Request, sampling: SamplingConfig) -> list[concurrent.futures.Future]:
+        """Start one request; return one future per sample (``request.n`` of them, in sample order), each
+        resolved with its :class:`Completion` as soon as that sample is done: a binary search decides a
+        probe by its first correct sample and sends the next probe while the others finish. Results equal
+        :meth:`submit`'s for the same request. This default resolves every sample when the whole request
+        is done (:meth:`submit`); an engine that finishes samples apart overrides it.
+
+        Raises:
+            what :meth:`submit` raises; each future carries what its request's future carries (a
+            StepkitError when the engine returned a number of completions other than ``request.n``).
+        """
+        whole = self.submit(request, sampling)
+        parts = [concurrent.futures.Future() for _ in range(request.n)]
+
+        def spread(done: concurrent.futures.Future) -> None:
+            exc = done.exception()
+            got = done.result() if exc is None else []
+            if exc is None and len(got) != len(parts):
+                exc = StepkitError(f"{self.name} engine returned {len(got)} completions for n = {len(parts)}")
+            for j, part in enumerate(parts):
+                if part.set_running_or_notify_cancel():  # (False: cancelled by its waiter)
+                    part.set_exception(exc) if exc is not None else part.set_result(got[j])
+
+        whole.add_done_callback(spread)
+        return parts
+
+    def agenerate_each(self, request: Request, sampling: SamplingConfig) -> list:
+        """:meth:`submit_each` for coroutines: ``request.n`` awaitables (asyncio futures of this thread's
+        running loop), each giving one :class:`Completion`, in sample order."""
+        import asyncio  # (imported where used: a command's --help loads no asyncio)
+
+        return [asyncio.wrap_future(f) for f in self.submit_each(request, sampling)]
+
     @staticmethod
     def check_requests(requests) -> list[Request]:
         """The requests as a list, after checking each asks for ``n >= 1`` (ConfigError otherwise)."""

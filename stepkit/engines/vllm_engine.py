@@ -61,10 +61,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from stepkit.engines.base import Completion, Engine, Request, SamplingConfig, actual_token_logprobs
-from stepkit.engines.vllm_load import ChildOutput, check_cpu_memory, first_line, on_cpu, root_cause
+from stepkit.engines.vllm_load import ChildOutput, check_cpu_memory, first_line, in_sent_order, on_cpu, root_cause
 from stepkit.engines.vllm_load import verbose as load_verbose
 from stepkit.errors import ConfigError, StepkitError
-from stepkit.matching import match_by_id
 from stepkit.models import resolve_model
 from stepkit.options import Config, opt
 
@@ -74,43 +73,18 @@ CPU_GPU_MEMORY_UTILIZATION = 0.3
 CPU_BLOCK_SIZE = 32
 
 
-def in_sent_order(outputs: list, sent: list, sent_of) -> list:
-    """The ``RequestOutput``s of one ``LLM.generate`` call matched to what was sent by request id, never by
-    position (early vLLM returned them in finishing order, vllm#394; this vLLM sorts them, which is not a
-    promise): vLLM numbers a call's requests in the order they are added, so output ``k`` is the one with
-    the ``k``-th id. Each is then checked against what was sent in its place (``sent_of(output)``, e.g. its
-    prompt text or token ids), so a result never goes to another request.
-
-    Raises:
-        StepkitError: an output missing, repeated or with an id outside the call's, or one whose prompt is
-            not the one sent in its place.
-    """
-    try:
-        ids = [int(o.request_id) for o in outputs]
-    except (TypeError, ValueError):  # another id scheme: keep vLLM's order, still checked prompt by prompt
-        ordered = list(outputs)
-    else:
-        first = min(ids, default=0)
-        ordered = match_by_id(range(first, first + len(sent)), outputs, lambda o: int(o.request_id), "vllm output")
-    if len(ordered) != len(sent):
-        raise StepkitError(f"vllm returned {len(ordered)} outputs for {len(sent)} prompts")
-    for k, (out, what) in enumerate(zip(ordered, sent)):
-        if sent_of(out) != what:
-            raise StepkitError(f"vllm returned, for prompt {k} of a call, the output of another prompt")
-    return ordered
-
-
 class _Job:
-    """One submitted request: its future, how many vLLM requests it was sent as, and the completions so far."""
+    """One submitted request (or, ``one``, one sample of it): its future, how many vLLM requests it was
+    sent as, and the completions so far (``one``: the future gets the single completion)."""
 
-    def __init__(self, fut: concurrent.futures.Future, parts: int, results: list):
-        self.fut, self.parts, self.results = fut, parts, results
+    def __init__(self, fut: concurrent.futures.Future, parts: int, results: list, one: bool = False):
+        self.fut, self.parts, self.results, self.one = fut, parts, results, one
 
     def deliver(self, engine: "VLLMEngine", out) -> None:
         engine._collect(out, self.results)
         self.parts -= 1
         if self.parts == 0 and not self.fut.done():
-            self.fut.set_result(self.results)
+            self.fut.set_result(self.results[0] if self.one else self.results)
 
     def fail(self, exc: BaseException) -> None:
         if not self.fut.done():
@@ -269,10 +243,12 @@ class VLLMEngine(Engine):
         except (ValueError, TypeError) as exc:
             raise ConfigError(f"invalid sampling parameters for vllm: {first_line(exc)}") from exc
 
-    def _plan(self, requests: list[Request], sampling: SamplingConfig, first_index: int = 0):
+    def _plan(self, requests: list[Request], sampling: SamplingConfig, first_index: int = 0, apart: bool = False):
         """The vLLM prompts and ``SamplingParams`` for ``requests``: ``(prompts, params, owners, results)``,
         ``owners[j]`` the request index of vLLM prompt ``j``; ``results`` pre-filled with error completions
-        for prompts that do not fit the context. ``first_index`` numbers per-request seeds (GPU)."""
+        for prompts that do not fit the context. ``first_index`` numbers per-request seeds (GPU). ``apart``:
+        each request as ``n`` prompts of one sample (as greedy requests always are), prompt ``j`` seeded
+        ``seed + j`` as vLLM seeds sample ``j`` of a request of ``n``, so the samples are the same."""
         # vLLM refuses n > 1 with greedy sampling (temperature 0): send n copies with n=1 instead.
         greedy = sampling.temperature == 0
         prompts: list[str] = []
@@ -290,7 +266,7 @@ class VLLMEngine(Engine):
                                                 f"max_model_len {self.max_model_len}")] * r.n
                 continue
             budget = dataclasses.replace(sampling, max_tokens=min(sampling.max_tokens, room))
-            copies, n = (r.n, 1) if greedy else (1, r.n)
+            copies, n = (r.n, 1) if greedy or apart else (1, r.n)
             for _ in range(copies):
                 if self.on_cpu:  # no per-request seeds on CPU: one SamplingParams per (n, budget)
                     key = (n, budget.max_tokens)
@@ -436,24 +412,40 @@ class VLLMEngine(Engine):
         Raises:
             StepkitError: the engine is closed (the future carries the engine loop's own failures).
         """
+        return self._send(request, sampling, apart=False)[0]
+
+    def submit_each(self, request: Request, sampling: SamplingConfig) -> list[concurrent.futures.Future]:
+        """:meth:`submit` with one future per sample, each resolved as soon as its sample finishes: the
+        request goes to vLLM as ``n`` requests of one sample, seeded as vLLM seeds the ``n`` samples of one
+        request (``seed + j``, on GPU; on CPU the engine's seed applies either way), so the samples are the
+        ones :meth:`submit` gives; each counts the prompt's tokens in ``stats.extra["prompt_tokens"]``.
+
+        Raises:
+            StepkitError: the engine is closed (the futures carry the engine loop's own failures).
+        """
+        return self._send(request, sampling, apart=True)
+
+    def _send(self, request: Request, sampling: SamplingConfig, apart: bool) -> list[concurrent.futures.Future]:
+        """Queue one request for the engine loop: one future of its completions, or (``apart``) one per sample."""
         (request,) = self.check_requests([request])
         _ = self.llm  # raises StepkitError once closed
         if self._loop_failed is not None:
             raise self._loop_failed
-        fut: concurrent.futures.Future = concurrent.futures.Future()
         with self._submit_lock:
             first = self._submitted
             self._submitted += request.n
-        prompts, params, _, results = self._plan([request], sampling, first_index=first)
+        prompts, params, _, results = self._plan([request], sampling, first_index=first, apart=apart)
         self.stats.requests += 1
         self.stats.completions += request.n
+        futs = [concurrent.futures.Future() for _ in range(request.n if apart else 1)]
         if not prompts:  # does not fit the context: answered at once
-            fut.set_result(results[0])
-            return fut
-        job = _Job(fut, len(prompts), results[0])
+            for f, got in zip(futs, results[0] if apart else results):
+                f.set_result(got)
+            return futs
+        jobs = [_Job(f, 1, [], one=True) for f in futs] if apart else [_Job(futs[0], len(prompts), results[0])] * len(prompts)
         self._ensure_loop()
-        self._queue.put([(prompt, p, job) for prompt, p in zip(prompts, params)])
-        return fut
+        self._queue.put([(prompt, p, job) for prompt, p, job in zip(prompts, params, jobs)])
+        return futs
 
     def _ensure_loop(self) -> None:
         with self._submit_lock:

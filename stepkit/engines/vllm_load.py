@@ -38,7 +38,8 @@ if os.environ["VLLM_LOGGING_LEVEL"].upper() not in ("INFO", "DEBUG"):  # VLLM_LO
     warnings.filterwarnings("ignore", message=r".*torch\.distributed\.reduce_op.*", category=FutureWarning)
 
 
-from stepkit.errors import ConfigError  # noqa: E402
+from stepkit.errors import ConfigError, StepkitError  # noqa: E402
+from stepkit.matching import match_by_id  # noqa: E402
 
 # "(VllmWorker-0 pid=25754) ERROR 12-02 08:53:06 [multiproc_executor.py:953] ValueError: Available memory ..."
 _LOG_PREFIX = re.compile(r"^(?:\([\w.-]+ pid=\d+\)\s*)?(?:(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) [\d-]+ [\d:.]+ \[[^\]]*\]\s*)?")
@@ -190,3 +191,29 @@ def on_cpu() -> bool:
         import torch
 
         return not torch.cuda.is_available()
+
+
+def in_sent_order(outputs: list, sent: list, sent_of) -> list:
+    """The ``RequestOutput``s of one ``LLM.generate`` call matched to what was sent by request id, never by
+    position (early vLLM returned them in finishing order, vllm#394; this vLLM sorts them, which is not a
+    promise): vLLM numbers a call's requests in the order they are added, so output ``k`` is the one with
+    the ``k``-th id. Each is then checked against what was sent in its place (``sent_of(output)``, e.g. its
+    prompt text or token ids), so a result never goes to another request.
+
+    Raises:
+        StepkitError: an output missing, repeated or with an id outside the call's, or one whose prompt is
+            not the one sent in its place.
+    """
+    try:
+        ids = [int(o.request_id) for o in outputs]
+    except (TypeError, ValueError):  # another id scheme: keep vLLM's order, still checked prompt by prompt
+        ordered = list(outputs)
+    else:
+        first = min(ids, default=0)
+        ordered = match_by_id(range(first, first + len(sent)), outputs, lambda o: int(o.request_id), "vllm output")
+    if len(ordered) != len(sent):
+        raise StepkitError(f"vllm returned {len(ordered)} outputs for {len(sent)} prompts")
+    for k, (out, what) in enumerate(zip(ordered, sent)):
+        if sent_of(out) != what:
+            raise StepkitError(f"vllm returned, for prompt {k} of a call, the output of another prompt")
+    return ordered

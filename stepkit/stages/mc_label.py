@@ -49,6 +49,9 @@ Modes:
   a row costs at most K * (ceil(log2 M) + 1) continuations including ``v_0``. Steps that were not
   estimated have null value/progress, ``mc_estimated`` false, and a label inferred from the search
   (true before the first error, false from it on).
+  A probe is decided by its first correct continuation (its value is > 0 whatever the others say), so
+  the next probe is sent while the probe's other continuations finish (on an engine that finishes
+  samples apart, :meth:`~stepkit.engines.base.Engine.submit_each`); every probe still counts its K.
 """
 
 from __future__ import annotations
@@ -71,7 +74,7 @@ from stepkit.per_row import (
     distinct_warning,
     empty_refusal,
     engine_error,
-    sample_parsed,
+    first_success,
 )
 from stepkit.prompts import CONTINUATION, PromptTemplate, render_continuation
 from stepkit.schema import LABELER_REQUIRED
@@ -322,23 +325,66 @@ class MCLabelStage(LabelerStage):
 
     async def _search_all(self, rows: list[dict], est, counters) -> None:
         """Binary mode: every row's search (v_0 beside it) runs in its own coroutine on the engine's
-        asynchronous path, so the engine batches all rows' probes as they come."""
+        asynchronous path, so the engine batches all rows' probes as they come.
 
-        async def estimate(r: dict, i: int) -> None:
-            req = self._request(r, i)  # K continuations in one request; an error completion is the row's error
-            got = await sample_parsed(self.engine, req.prompt, self.sampling, _keep, self.name, want=req.n,
-                                      stop_on_error=False)
-            where, pairs = self._tally([(r, i)], [got.completions], est, counters)
-            self._credit(where, await check_answers(self.checker, pairs), counters)  # the loop keeps going meanwhile
+        A probe is decided by its first correct continuation (:func:`~stepkit.per_row.first_success`: the
+        prefix's value is > 0 whatever the other K - 1 say), so the next probe is sent at once while the
+        probe's other continuations finish; a probe with no correct one waits for all K (its value may be
+        0). Every probe's K continuations are still counted, and probes are tallied in the order the search
+        sent them: a probe is tallied only when the row has no error once the probe before it is tallied,
+        which is when it would have been sent had each probe waited for all K (so the rows and counts are
+        those of a search that waits; only when the requests go out changes)."""
+        import asyncio  # (imported where used: a command's --help loads no asyncio)
+
+        def draws(r: dict, i: int) -> list:
+            """The K continuations of prefix ``i`` of row ``r``, each graded as it arrives: tasks of
+            ``(completion, correct)``, correct None when it cannot be graded (error, empty, truncated)."""
+            req = self._request(r, i)
+
+            async def graded(fut):
+                c = await fut
+                if c.finish_reason == "error" or c.empty or c.truncated:
+                    return c, None
+                ok = await check_answers(self.checker, [(r["reference_answer"], extract_final_answer(c.text))])
+                return c, bool(ok[0])
+
+            return [asyncio.ensure_future(graded(f)) for f in self.engine.agenerate_each(req, self.sampling)]
+
+        async def tally(r: dict, i: int, got: list, before) -> None:
+            if before is not None:
+                await before
+                if r.get("error"):  # an earlier probe failed: a search that waits would not have sent this one
+                    await asyncio.gather(*got, return_exceptions=True)
+                    return
+            done = [await d for d in got]
+            where, _ = self._tally([(r, i)], [[c for c, _ in done]], est, counters)
+            self._credit(where, [ok for _, ok in done if ok is not None], counters)
+
+        def verdict(d) -> bool | None:
+            c, ok = d
+            return None if c.finish_reason == "error" else bool(ok)
 
         async def search(r: dict) -> None:
             s = FirstErrorSearch(len(r["steps"]), r["outcome_correct"])
+            last = None  # the tally of the probe sent last
             while (p := s.next_probe()) is not None and not r.get("error"):
-                await estimate(r, p)
-                s.observe(p, est[id(r)][p].value)
+                got = draws(r, p)
+                last = asyncio.ensure_future(tally(r, p, got, last))
+                if await first_success(got, verdict):
+                    s.observe(p, 1.0)  # a value > 0, whatever the other continuations say
+                    continue
+                if any(c.finish_reason == "error" for c, _ in (d.result() for d in got)):
+                    await last  # the row's error is set there, in order (the search stops)
+                    continue
+                graded = [ok for _, ok in (d.result() for d in got) if ok is not None]
+                s.observe(p, sum(graded) / len(graded) if graded else None)  # = the tallied estimate's value
+            if last is not None:
+                await last
 
-        import asyncio  # (imported where used: a command's --help loads no asyncio)
-        await asyncio.gather(*(coro for r in rows for coro in (estimate(r, 0), search(r))))
+        async def start(r: dict) -> None:
+            await tally(r, 0, draws(r, 0), None)
+
+        await asyncio.gather(*(coro for r in rows for coro in (start(r), search(r))))
 
     def run_warnings(self, counters: dict[str, int]) -> list[str]:
         """The distinct-share warning of a run (:func:`~stepkit.per_row.distinct_warning`), if any."""
@@ -397,11 +443,6 @@ class MCLabelStage(LabelerStage):
             if ok:
                 e.successes += 1
                 counters["successes"] += 1
-
-
-def _keep(completion):
-    """A continuation is graded, not parsed: :func:`~stepkit.per_row.sample_parsed` keeps it as it came."""
-    return completion
 
 
 def _row_problem(row: dict) -> str | None:

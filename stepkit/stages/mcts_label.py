@@ -58,7 +58,9 @@ prefix is a proper prefix of its own):
 
 Scheduling: every problem of a chunk searches in its own coroutine and awaits the engine's
 asynchronous path (:meth:`stepkit.engines.base.Engine.agenerate`), so the engine batches all searches'
-requests and none waits for another's slowest continuation; the runner keeps several chunks in flight
+requests and none waits for another's slowest continuation; a binary-search probe is decided by its
+first correct rollout (:class:`stepkit.stages.mcts_tree.Tree`: the next probe goes out while the others
+finish; the tree is recorded in the order probes were sent, so it is the same); the runner keeps several chunks in flight
 (``--chunks-in-flight``), so the next chunk's searches start while a chunk's slowest ones finish. A
 problem's rows are never split across chunks (``group_by``), so its tree is committed whole.
 """
@@ -328,28 +330,23 @@ class MCTSLabelStage(EngineStage):
         seeds = [r for r in group if r.get("steps") and not r.get("error")]
         sep = (seeds[0].get("step_separator") if seeds else None) or ("\n\n" if self.cfg.split == "blank" else "\n")
 
-        async def sample(prefix: tuple[str, ...], k: int):
+        def sample_each(prefix: tuple[str, ...], k: int) -> list:
+            """The k rollouts of a state, each graded as it arrives (the tree decides a probe by the first
+            correct one); an error completion raises (the problem's rows keep the error)."""
             prompt = render_continuation(self.engine, first["prompt"], list(prefix), sep, len(prefix), self.template)
-            comps = await self.engine.agenerate(Request(prompt, k), self.sampling)
-            got, pairs = [], []
-            for c in comps:
-                if c.finish_reason == "error":
-                    raise _EngineRowError(c.error)
-                self._sampled["total"] += 1
-                if c.empty:  # no answer to grade: ungraded like a truncated rollout (Rollout.empty), never wrong
-                    self._sampled["empty"] += 1
-                    tree.empty += 1
-                steps = split_steps(c.text, self.cfg.split)[0]
-                got.append([steps, c.text, None, c.num_tokens])
-                if not c.truncated and not c.empty:
-                    pairs.append((gold, extract_final_answer(c.text)))
-            oks = iter(await check_answers(self.checker, pairs))  # the loop keeps serving the other searches
-            for g, c in zip(got, comps):
-                if not c.truncated and not c.empty:
-                    g[2] = bool(next(oks))
-            return [tuple(g) for g in got]
+            return [graded(f) for f in self.engine.agenerate_each(Request(prompt, k), self.sampling)]
 
-        tree = Tree(self.cfg, sample, sep)
+        async def graded(fut):
+            c = await fut
+            if c.finish_reason == "error":
+                raise _EngineRowError(c.error)
+            steps = split_steps(c.text, self.cfg.split)[0]
+            ok = None  # truncated, or empty (no answer to grade: Rollout.empty), is never wrong
+            if not c.truncated and not c.empty:  # the loop keeps serving the other searches meanwhile
+                ok = bool((await check_answers(self.checker, [(gold, extract_final_answer(c.text))]))[0])
+            return steps, c.text, ok, c.num_tokens
+
+        tree = Tree(self.cfg, None, sep, sample_each=sample_each)
         count = getattr(self.engine, "count_tokens", None)
         seed_rollouts = [Rollout(tree.root, tuple(r["steps"]), sep.join(r["steps"]), r.get("outcome_correct"),
                                  count(sep.join(r["steps"])) if count else 0, seed=r) for r in seeds]
@@ -357,6 +354,9 @@ class MCTSLabelStage(EngineStage):
             status = await tree.search(seed_rollouts)
         except _EngineRowError as e:
             return tree, None, f"engine: {e}"
+        finally:  # the rollouts the tree recorded, for the empty refusal
+            self._sampled["total"] += tree.sampled
+            self._sampled["empty"] += tree.empty
         return tree, status, None
 
     def _outputs(self, group: list[dict], tree: Tree, status: str):

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stepkit.options import Config
+from stepkit.per_row import first_success
 from stepkit.stages.mc_label import FirstErrorSearch
 
 
@@ -82,17 +83,29 @@ class Tree:
         sample: ``await sample(prefix, k) -> [(steps, text, correct, tokens), ...]``: k rollouts of a
             state, ``correct`` None when truncated (the stage's engine + grader; tests pass exact policies).
         sep: how the steps of a path are joined (the seeds' ``step_separator``).
+        sample_each: ``sample_each(prefix, k) -> [awaitable, ...]``: the same k rollouts, one awaitable
+            each (in sample order) giving its ``(steps, text, correct, tokens)`` as soon as that rollout is
+            graded, or raising the problem's failure; given, ``sample`` is not used. A binary search then
+            decides a probe by its first correct rollout and sends the next probe at once.
+
+    A probe's rollouts are recorded (its node's rollouts, the pool's new candidates, :attr:`sampled`,
+    :attr:`empty`) once all of them are in and the search's previous probe is recorded: in the order the
+    probes were sent, so the tree, the pool's order and every count are those of a search whose probes
+    each wait for all K rollouts. A failure (a rollout that raises) is raised in that order too; the probes
+    sent after the failing one are never recorded and their K are taken off :attr:`continuations`.
     """
 
-    def __init__(self, cfg: Config, sample, sep: str = "\n"):  # an mcts_label.MCTSConfig
-        self.cfg, self.sample, self.sep = cfg, sample, sep
+    def __init__(self, cfg: Config, sample, sep: str = "\n", sample_each=None):  # an mcts_label.MCTSConfig
+        self.cfg, self.sample, self.sep, self.sample_each = cfg, sample, sep, sample_each
         self.nodes: dict[tuple[str, ...], Node] = {}
         self.pool: list[tuple[Node, Rollout]] = []
         self.continuations = 0  # sampled by this search (filter rollouts included)
         self.selections = 0
         self.filter_continuations = 0
         self.budget_stop = False
-        self.empty = 0  # sampled continuations with no text (the question filter's included); the stage counts
+        self.sampled = 0  # rollouts recorded (the question filter's included), before a failure
+        self.empty = 0  # of them, stopped at once with no text (the question filter's included)
+        self._changed = None  # an asyncio.Event once the search runs: the pool grew or a search ended
         self.root = self.node(())
 
     def node(self, prefix: tuple[str, ...]) -> Node:
@@ -105,20 +118,76 @@ class Tree:
         b = self.cfg.rollout_budget
         return b is None or self.continuations + k <= b
 
-    async def estimate(self, state: Node) -> None:
-        """K rollouts of ``state`` (exactly K: a state is estimated once); its incorrect ones join the pool
-        when ``0 < MC < 1``. The K continuations are counted before the request goes out, so searches
-        running side by side never overdraw the budget."""
-        self.continuations += self.cfg.continuations
+    def _draws(self, prefix: tuple[str, ...], k: int) -> list:
+        """``k`` rollouts of ``prefix`` as asyncio tasks, one per rollout (:attr:`sample_each`, or one call of
+        :attr:`sample` shared by ``k`` tasks)."""
         import asyncio  # (imported where used: a command's --help loads no asyncio)
+
+        if self.sample_each is not None:
+            return [asyncio.ensure_future(a) for a in self.sample_each(prefix, k)]
+        whole = asyncio.ensure_future(self.sample(prefix, k))
+
+        async def one(j: int):
+            return (await whole)[j]
+
+        return [asyncio.ensure_future(one(j)) for j in range(k)]
+
+    async def _collect(self, draws: list) -> list:
+        """Every rollout of ``draws`` in sample order, counted in :attr:`sampled` and :attr:`empty`; the first
+        that raised is raised once the ones before it are counted."""
+        out = []
+        for d in draws:
+            try:
+                got = await d
+            except Exception:
+                import asyncio  # (imported where used)
+
+                await asyncio.gather(*draws, return_exceptions=True)  # nothing of the probe left running
+                raise
+            steps, text, correct, _ = got
+            self.sampled += 1
+            self.empty += correct is None and not steps and not text.strip()  # as Rollout.empty
+            out.append(got)
+        return out
+
+    def _start(self, state: Node, after=None):
+        """Send K rollouts of ``state`` (exactly K: a state is estimated once) and return ``(draws,
+        record)``: the rollouts as tasks and the task that records them after ``after`` (the record of the
+        probe sent before, or None). The K continuations are counted before the request goes out, so
+        searches running side by side never overdraw the budget."""
+        import asyncio  # (imported where used: a command's --help loads no asyncio)
+
+        k = self.cfg.continuations
+        self.continuations += k
         state.ready = asyncio.get_running_loop().create_future()
+        draws = self._draws(state.prefix, k)
+        return draws, asyncio.ensure_future(self._record(state, draws, after))
+
+    async def _record(self, state: Node, draws: list, after) -> None:
+        """Record ``state``'s rollouts once ``after`` is recorded; its incorrect ones join the pool when
+        ``0 < MC < 1``. When ``after`` failed, this probe is never recorded (its K are given back) and the
+        failure is raised again."""
         try:
-            got = await self.sample(state.prefix, self.cfg.continuations)
-            for steps, text, correct, tokens in got:
+            if after is not None:
+                try:
+                    await after
+                except Exception:
+                    import asyncio  # (imported where used)
+
+                    self.continuations -= self.cfg.continuations  # a search that waits never sent it
+                    await asyncio.gather(*draws, return_exceptions=True)
+                    raise
+            for steps, text, correct, tokens in await self._collect(draws):
                 state.rollouts.append(Rollout(state, tuple(steps), text, correct, tokens))
             self._add_candidates(state)
         finally:
             state.ready.set_result(None)
+            if self._changed is not None:
+                self._changed.set()
+
+    async def estimate(self, state: Node) -> None:
+        """K rollouts of ``state``, recorded (:meth:`_start`, then the record awaited)."""
+        await self._start(state)[1]
 
     def _add_candidates(self, state: Node) -> None:
         mc = state.mc
@@ -147,7 +216,7 @@ class Tree:
         """Run the whole search; return the problem's status."""
         c = self.cfg
         if c.filter_rollouts:  # the question filter also sees the seeds' outcomes
-            got = await self.sample((), c.filter_rollouts)
+            got = await self._collect(self._draws((), c.filter_rollouts))
             self.continuations += c.filter_rollouts
             self.filter_continuations = c.filter_rollouts
             graded = [ok for _, _, ok, _ in got if ok is not None] + [r.correct for r in seeds if r.correct is not None]
@@ -193,21 +262,37 @@ class Tree:
                 self._changed.set()
 
     async def _binary_search(self, state: Node, rollout: Rollout) -> None:
+        """Binary-search ``rollout``'s steps from ``state`` for the first prefix of MC 0. A new probe is
+        decided by its first correct rollout (MC > 0 whatever the others: the next probe goes out at once,
+        :func:`~stepkit.per_row.first_success`) or, with none, by its MC once all K are in; the search
+        returns once every probe it sent is recorded (the next selection sees the whole pool)."""
         c = self.cfg
         search = FirstErrorSearch(len(rollout.steps), False)
+        last = None  # the record of the probe sent last
         while (j := search.next_probe()) is not None:
             prefix = state.prefix + rollout.steps[:j]
             probe = self.nodes.get(prefix)
             if probe is None:
                 if not self.can_spend(c.continuations):
                     self.budget_stop = True
-                    return
+                    break
                 probe = self.node(prefix)
-                await self.estimate(probe)
+                draws, last = self._start(probe, last)
+                if await first_success(draws, lambda got: got[2] is True):
+                    value = 1.0  # MC > 0, whatever the other rollouts say
+                else:
+                    if any(d.cancelled() or d.exception() is not None for d in draws):
+                        await last  # raises the failure, in the order the probes were sent
+                    graded = [d.result()[2] for d in draws if d.result()[2] is not None]
+                    value = sum(graded) / len(graded) if graded else None  # = the recorded node's MC
                 self._changed.set()
-            elif probe.ready is not None and not probe.ready.done():
-                await probe.ready
-            search.observe(j, probe.mc)
+            else:
+                if probe.ready is not None and not probe.ready.done():
+                    await probe.ready
+                value = probe.mc
+            search.observe(j, value)
+        if last is not None:
+            await last
 
     # -- what the tree says -----------------------------------------------------------------------
 
