@@ -3,35 +3,47 @@ Math-Shepherd and OmegaPRM compare labellers this way.)
 
 Training data: the GSM8K model solutions of ``../shared/data/gsm8k/example_model_solutions.jsonl`` whose problems
 are **not** among ProcessBench gsm8k's (by the problem text, whitespace normalised), a seeded sample of
-``--train-rows``. Labellers (all model-free, so every labelling cost here is wall seconds and 0 tokens):
+``--train-rows``. Labellers (``--labellers``, default the model-free three; the engine ones load the bundled
+model under ``--lock``):
 
 * ``clue``: ``clue recover --from-reference`` + ``clue score --match numeric`` -> ``clue_label``;
 * ``outcome``: every step labelled with the solution's graded outcome (the baseline a step labeller must beat);
-* ``last-step``: the outcome on the last step only (``train-prm --train-on-last-step-only``: outcome supervision).
+* ``last-step``: the outcome on the last step only (``train-prm --train-on-last-step-only``: outcome supervision);
+* ``mc``: ``mc-label`` (exhaustive, the bundled model, ``--mc-k`` continuations of ``--mc-max-tokens`` per step
+  prefix) -> ``mc_label`` on the first ``--mc-rows`` training rows only (it generates: its cost is generated
+  tokens); rows where no continuation reached the gold answer (``no_signal``) have no labels and are dropped by
+  the export (counted in ``mc_status``);
+* ``likelihood``: ``likelihood-label`` (answer-gain, the bundled model, its default threshold) -> ``lh_label`` on
+  the first ``--likelihood-rows`` training rows (it prefills every step prefix).
 
-* ``likelihood`` (not run by default): ``likelihood-label`` (answer-gain, the bundled model, its default threshold)
-  -> ``lh_label`` on the first ``--likelihood-rows`` training rows only (it prefills every step prefix: about
-  1,100 prompt tokens/s here), so its PRM sees fewer rows than the others (more epochs of the same steps).
-
-``mc-label`` is not run here: on this shared 2-core machine its labelling alone takes longer than the whole
-budget of this run.
+A labeller on fewer rows gets the same training budget (more epochs of the same steps). Each labeller's
+``positive labels`` is the share of its step labels that are true (what its PRM learns to call correct).
 
 Each labeller's export trains one PRM from the bundled SmolLM2-135M with the same budget (``--max-length``,
-``--max-steps``, ``--batch-size``, ``--learning-rate``); each PRM scores the held-out half of ProcessBench gsm8k
-(``int(sha256(id), 16)`` odd) with ``prm-label`` (vLLM's pooling runner) at the default threshold 0.5, and is scored
-by ``eval``'s ProcessBench F1 with a bootstrap 95% interval (1000 draws, seed 0, erroneous and correct rows
-each resampled within their own group), the per-step AUC
-(steps before the human first error are correct, the first error is wrong, later steps unlabelled), and exact
+``--max-steps``, ``--batch-size``, ``--learning-rate``). One ``prm-label`` run per PRM (vLLM's pooling runner, one
+engine load) scores both halves of ProcessBench gsm8k: the **tune** half (``int(sha256(id), 16)`` even, all 207
+rows or ``--tune-rows``) and the **held-out** half (odd). Every figure is measured on the held-out half only, twice:
+at the default threshold 0.5, and at the threshold tuned on the tune half (the F1-best one, chosen by
+``prm-label --calibrate``'s own selection, :func:`stepkit.stages.prm_label.calibrate_threshold`; nothing is tuned
+on the held-out half). A PRM trained on mostly positive labels puts every score on one side of 0.5, so the
+untuned figure says little. The tune half's share of the scoring (by tokens read) is printed as the
+calibration's extra cost. The figures: ``eval``'s ProcessBench F1 with a bootstrap 95% interval (1000 draws,
+seed 0, erroneous and correct rows each resampled within their own group), the per-step AUC (threshold-free;
+steps before the human first error are correct, the first error is wrong, later steps unlabelled), and exact
 first-error hits on erroneous rows against the fair floor "outcome + a random step" (expected hits, and the
 exact Poisson-binomial P(X >= hits)).
+
+``--jobs 2`` runs two labellers at once: one trains (torch, one thread) while the other holds the engine, so the
+seconds of a probe include contention with the other; the lock keeps one engine at a time.
 
 ``--heldout-rows N`` scores N held-out rows taken in sha256(id) order, never the file's first N
 (``gsm8k.json`` lists every erroneous row before the correct ones, so its first rows have no correct sample).
 The line ``floor`` is the fair floor itself on the same rows: its expected accuracies and their F1.
 
     python bench/closed_loop.py [--data ../shared/data] [--work out/bench/closed-loop] [--json F] [--table F]
-        [--train-rows 64] [--max-length 192] [--max-steps 8] [--batch-size 4] [--threads 1]
-        [--heldout-rows N] [--lock /tmp/stepkit-engine.lock]
+        [--labellers clue,outcome,last-step,mc,likelihood] [--train-rows 64] [--max-length 192] [--max-steps 8]
+        [--batch-size 4] [--threads 1] [--heldout-rows N] [--tune-rows N] [--mc-rows 32] [--mc-k 4]
+        [--mc-max-tokens 192] [--likelihood-rows 64] [--jobs 1] [--lock /tmp/stepkit-engine.lock]
 
 ``--lock FILE`` runs each command that loads vLLM under an exclusive ``flock`` of FILE (the lock ``flock(1)``
 takes; one engine at a time on a shared machine), and the seconds spent waiting for it are reported apart
