@@ -82,12 +82,14 @@ bench: model
 		--json out/bench/likelihood.json
 	$(BIN)/python bench/bench_ray.py --data $(DATA) --work out/bench/ray --json out/bench/ray.json
 	$(BIN)/python bench/bench_report.py --data $(DATA) --work out/bench/report --json out/bench/report.json
-	@# the closed loop (clue / outcome / last-step labels -> SmolLM2-135M PRMs -> ProcessBench held-out half);
-	@# reduced to fit a 2-core CPU (about 40 minutes): 128 training solutions, 192 tokens, 32 optimizer steps of 4
-	@# per labeller, one torch thread; all 193 held-out rows (bench/results/closed_loop-2026-12-03.* is one run)
+	@# the closed loop (clue / outcome / last-step / mc-label / likelihood-label labels -> SmolLM2-135M PRMs ->
+	@# ProcessBench gsm8k, threshold 0.5 and tuned on the tune half, figures on the held-out half); reduced to fit a
+	@# 2-core CPU (about 40 minutes, two labellers at once): 128 training solutions (mc-label 32: K 4, 192 tokens),
+	@# 192 tokens, 16 optimizer steps of 4 per labeller, one torch thread (bench/results/closed_loop-2026-12-03b.*)
 	$(BIN)/python bench/closed_loop.py --data $(DATA) --work out/bench/closed-loop --json out/bench/closed-loop.json \
-		--table out/bench/closed-loop.md --train-rows 128 --max-length 192 --max-steps 32 --batch-size 4 \
-		--learning-rate 1e-4 --threads 1
+		--table out/bench/closed-loop.md --labellers mc,clue,outcome,last-step,likelihood --train-rows 128 \
+		--max-length 192 --max-steps 16 --batch-size 4 --learning-rate 1e-4 --threads 1 --likelihood-rows 128 \
+		--mc-rows 32 --mc-k 4 --mc-max-tokens 192 --jobs 2 --lock /tmp/stepkit-engine.lock
 
 clean:
 	rm -rf out .pytest_cache

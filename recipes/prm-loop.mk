@@ -7,8 +7,12 @@
 # LABELLED is a labelled trajectories shard (or folder) whose problems are not ProcessBench's; LABELS its label
 # column (step labels, step values or a first-error index: what `export --labels` takes). PB is an ingested
 # ProcessBench shard (default: gsm8k, ingested here). The PRM is trained from BASE with TRAIN_ARGS and scored
-# by `eval processbench` into $(WORK)/$(NAME)/f1.json. bench/closed_loop.py runs this loop for several
-# labellers on the GSM8K model solutions with one budget and prints the comparison.
+# by `eval processbench` into $(WORK)/$(NAME)/f1.json at prm-label's threshold (0.5 unless PRM_ARGS says):
+# a PRM trained on mostly positive labels puts its scores on one side of 0.5, so give it a threshold tuned
+# elsewhere, PRM_ARGS="--calibrate TUNE_SCORED" (a prm-label output of the same PRM on rows with gold first
+# errors that are not PB's). bench/closed_loop.py runs this loop for clue, outcome, last-step, mc-label and
+# likelihood-label labels on the GSM8K model solutions with one budget, tunes each PRM's threshold on one half
+# of ProcessBench gsm8k, and prints the comparison on the other half.
 SHELL := bash
 STEPKIT ?= .venv/bin/stepkit
 DATA ?= ../shared/data

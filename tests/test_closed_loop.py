@@ -85,15 +85,61 @@ def test_floor_and_score_on_known_rows(tmp_path):
     assert 0 <= lo <= hi <= 1
 
 
-def test_table_has_a_line_per_labeller_and_the_floor(tmp_path):
+def test_table_has_lines_per_labeller_and_threshold_and_the_floor(tmp_path):
     path = _scored(tmp_path, ROWS)
-    res = {"label_seconds": 1.0, "label_tokens": 0, "train_seconds": 2.0, "train_steps": 3, "labels_trained": 4,
-           "score_seconds": 5.0, "score_load_seconds": 3.0, "score_classify_seconds": 1.5, **loop.score(path)}
-    text = loop.table({"labellers": {"clue": res, "outcome": {**res, "step_auc": None}}, "floor": loop.floor(path)})
+    res = {"label_seconds": 1.0, "label_tokens": 0, "label_count": 8, "label_positive": 0.75, "train_seconds": 2.0,
+           "train_steps": 3, "labels_trained": 4, "score_seconds": 5.0, "score_load_seconds": 3.0,
+           "score_classify_seconds": 1.5, **loop.score(path)}
+    tuned = {"threshold": 0.25, "tune_f1": 0.8, **loop.score(loop.rethreshold(loop.rows_of(path), 0.25))}
+    text = loop.table({"labellers": {"clue": {**res, "calibrated": tuned}, "outcome": {**res, "step_auc": None}},
+                       "floor": loop.floor(path)})
     lines = text.splitlines()
-    assert len(lines) == 5 and lines[2].startswith("| clue | 1.0 | 0 | 2.0 (3, 4) | 5.0 (3.0 + 1.5) | 50.0 [")
-    assert "| 0.625 |" in lines[2] and "| - |" in lines[3] and "1 vs 0.2 (P = 0.250)" in lines[2]
-    assert lines[4].startswith("| floor: outcome + random step |") and "| 20.0 | 12.5 / 50.0 |" in lines[4]
+    assert len(lines) == 6
+    assert lines[2].startswith("| clue | 75.0% of 8 | 1.0 | 0 | 2.0 (3, 4) | 5.0 (3.0 + 1.5) | 0.5 | 50.0 [")
+    assert "| 0.625 |" in lines[2] and "1 vs 0.2 (P = 0.250)" in lines[2]
+    assert lines[3].startswith("| clue, tuned | ") and "| 0.2500 (tune F1 80.0) |" in lines[3]
+    assert "| - |" in lines[4] and not lines[4].startswith("| outcome, tuned")
+    assert lines[5].startswith("| floor: outcome + random step |") and "| 20.0 | 12.5 / 50.0 |" in lines[5]
+
+
+def test_the_threshold_is_tuned_on_the_tune_rows_and_only_applied_to_the_heldout_rows():
+    """The tune half picks the threshold (prm-label --calibrate's selection); the held-out rows are only
+    re-read at it. A PRM whose scores are all above 0.5 predicts no error at 0.5; tuned, it finds them."""
+    tune = [  # erroneous rows score ~0.6 at their first error, correct rows stay ~0.9
+        {"id": "t1", "reference_first_error": 1, "prm_status": "ok", "prm_score": [0.9, 0.6, 0.9]},
+        {"id": "t2", "reference_first_error": 0, "prm_status": "ok", "prm_score": [0.62, 0.9]},
+        {"id": "t3", "reference_first_error": -1, "prm_status": "ok", "prm_score": [0.91, 0.88]},
+        {"id": "t4", "reference_first_error": -1, "prm_status": "ok", "prm_score": [0.9, 0.92, 0.87]},
+    ]
+    cal = loop.tune_threshold(tune)
+    assert 0.62 < cal["threshold"] < 0.87 and cal["f1"] == 1.0 and cal["rows"] == 4
+    held = [
+        {"reference_first_error": 2, "outcome_correct": False, "steps": ["a", "b", "c"], "prm_first_error": -1,
+         "prm_score": [0.95, 0.9, 0.61], "prm_label": [True] * 3},
+        {"reference_first_error": -1, "outcome_correct": True, "steps": ["a", "b"], "prm_first_error": -1,
+         "prm_score": [0.9, 0.95], "prm_label": [True] * 2},
+        {"reference_first_error": 0, "outcome_correct": False, "steps": ["a"], "prm_first_error": None,
+         "prm_score": None, "prm_label": None},  # unscored: kept as it is
+    ]
+    at_half = loop.score(held)
+    assert at_half["exact_hits"] == 0 and at_half["acc_correct"] == 1.0
+    moved = loop.rethreshold(held, cal["threshold"])
+    assert [r["prm_first_error"] for r in moved] == [2, -1, None] and moved[0]["prm_label"] == [True, True, False]
+    assert loop.score(moved)["exact_hits"] == 1 and held[0]["prm_first_error"] == -1  # the input is not changed
+
+
+def test_positive_share_counts_the_labels_a_labeller_wrote():
+    rows = [{"x": [True, False, True]}, {"x": None}, {"x": [None, True]}]
+    assert loop.positive_share(rows, "x") == {"labels": 4, "rows_labelled": 2, "positive": 0.75}
+    assert loop.positive_share(rows, "x", last_only=True) == {"labels": 2, "rows_labelled": 2, "positive": 1.0}
+    assert loop.positive_share([{"x": None}], "x")["positive"] is None
+
+
+def test_tune_and_heldout_samples_are_the_two_halves(pb):
+    ids = [r["id"] for r in pb]
+    tune, held = loop.tune_sample(ids, None), loop.heldout_sample(ids, None)
+    assert not set(tune) & set(held) and len(tune) + len(held) == len(ids) == 400
+    assert all(loop.half_of(ids[i]) == "tune" for i in tune)
 
 
 def test_the_lock_wait_is_reported_apart_from_the_command(tmp_path):
