@@ -112,8 +112,12 @@ def left_out(xs) -> int:
     return sum(1 for x in xs if x is not None and not math.isfinite(x))
 
 
-def _fmt(x, digits=2):
-    return "n/a" if x is None else f"{x:.{digits}f}"
+def number(x, digits=2, none="n/a"):
+    """A number as ``show`` and ``stats`` print it: ``digits`` places; ``none`` for null; ``n/a (NaN)`` or
+    ``n/a (inf)`` for a value that is not finite (a shard written elsewhere may hold them), never ``nan``."""
+    if x is None:
+        return none
+    return f"{x:.{digits}f}" if math.isfinite(x) else f"n/a ({'NaN' if x != x else 'inf' if x > 0 else '-inf'})"
 
 
 STREAM_ROWS = 8192  # rows per record batch ``stats`` reads when every view present streams (the tests: fewer)
@@ -168,7 +172,7 @@ class _Summary:
             t.add_row("steps", f"{self.steps} (mean {self.steps / self.rows:.1f}, max {self.max_steps})")
         if self.has["outcome_correct"]:
             figs["outcome_accuracy"] = self.correct / self.graded if self.graded else None
-            t.add_row("outcome accuracy", f"{_fmt(figs['outcome_accuracy'], 3)} ({self.correct}/{self.graded})")
+            t.add_row("outcome accuracy", f"{number(figs['outcome_accuracy'], 3)} ({self.correct}/{self.graded})")
             figs["no_final_answer"] = self.no_final
             t.add_row("no final answer", str(self.no_final))
         if self.has["reference_answer"]:
@@ -341,7 +345,7 @@ def print_row(shard, row_id: str | None = None, index: int | None = None, status
                 style = st or style
         for c in extra:
             x = row[c][s]
-            cells.append((c, "-" if x is None else ("ok" if x else "WRONG") if isinstance(x, bool) else f"{x:.3f}"))
+            cells.append((c, ("ok" if x else "WRONG") if isinstance(x, bool) else number(x, 3, none="-")))
             if x is False:
                 style = style or "red"
         return cells, style
@@ -502,8 +506,8 @@ def _conversation_stats(shard, rows: list[dict], console: Console, figs: dict) -
     t.add_row("turns per conversation", f"{fig['turns_per_conversation']:.1f} (min {min(n_turns)}, max "
                                         f"{max(n_turns)}; {turns} turns)")
     t.add_row("tool calls", f"{calls} ({calls / len(rows):.1f} per conversation)")
-    t.add_row("turns with tool calls", f"{with_call}/{turns} ({_fmt(fig['share_turns_with_tool_calls'])})")
-    t.add_row("success rate", f"{_fmt(fig['success_rate'], 3)} ({sum(graded)}/{len(graded)})")
+    t.add_row("turns with tool calls", f"{with_call}/{turns} ({number(fig['share_turns_with_tool_calls'])})")
+    t.add_row("success rate", f"{number(fig['success_rate'], 3)} ({sum(graded)}/{len(graded)})")
     if any(r.get("source_reward") is not None for r in rows):  # (all NaN: n/a, not left out)
         t.add_row("mean reward", stat(fig["mean_reward"], len(rewards), what="rewards"))
     if names:

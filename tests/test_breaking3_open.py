@@ -213,3 +213,21 @@ def test_n13_tag_characters_and_a_second_step_1_in_the_first_step_are_refused(tm
     with pytest.raises(InputError, match=r"row 0, column 'steps': step 0 holds 'Step 1:' inside its text"):
         export(m59, tmp_path / "x", cfg)
     assert not (tmp_path / "x").exists()
+
+
+def test_n11_show_prints_n_a_for_a_step_value_that_is_not_a_number(tmp_path):
+    """N11, the rest of its class: ``show`` printed ``nan`` in a step's cell (mc-label's value and progress,
+    prm-label's score, likelihood-label's value and gain, a label column no view declares). Each cell says
+    ``n/a (NaN)`` / ``n/a (inf)``, a null says ``-``, and a finite value prints as before."""
+    schema = extend_schema(TRAJECTORY_SCHEMA, REFERENCE_FIELDS + fields(mc_label.COLUMNS) + fields(prm_label.COLUMNS)
+                           + fields(likelihood.COLUMNS))
+    rows = labelled(1)
+    n = len(rows[0]["steps"])
+    rows[0].update(mc_successes=[1] * n, mc_rollouts=[4] * n, mc_truncated=[0] * n)
+    rows[0].update(mc_status="ok", mc_value=[math.nan] + [0.25] * (n - 1), mc_progress=[math.inf] + [0.0] * (n - 1),
+                   prm_status="ok", prm_score=[math.nan] * (n - 1) + [0.875], prm_first_error=-1, lh_status="ok",
+                   lh_value=[math.nan] * n, lh_gain=[-math.inf] + [0.5] * (n - 1), lh_first_error=-1)
+    text = run_cli("show", write(tmp_path / "nan.parquet", rows, schema)).stdout
+    assert not re.search(r"\bnan\b|(?<![(-])\binf\b", text), text  # (a narrow table wraps "n/a (inf)")
+    assert text.count("(NaN)") == 1 + (n - 1) + n and text.count("(inf)") == 1 and text.count("(-inf)") == 1
+    assert "0.875" in text and "0.25" in text  # finite values as before

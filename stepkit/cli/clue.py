@@ -12,7 +12,7 @@ from rich.text import Text
 from stepkit.cli.common import engine_options, engine_spec, run, runner_options, sampling
 from stepkit.options import click_options, from_params
 from stepkit.stages.clue import ClueRecoverConfig, ClueScoreConfig
-from stepkit.views import StageView, finite, mean, stat
+from stepkit.views import StageView, finite, mean, number, stat
 
 
 @click.group("clue")
@@ -144,7 +144,7 @@ def _step_columns(row):
 def _step_cells(row, s):
     hits = ", ".join(str(k) for k in row["clue_hits"][s]) or "-"
     false = row["clue_false_claims"][s]
-    cell = f"{row['clue_score'][s]:.2f}" + (f" ({false} false claim{'s' if false > 1 else ''})" if false else "")
+    cell = number(row['clue_score'][s], none="-") + (f" ({false} false claim{'s' if false > 1 else ''})" if false else "")
     return [hits, cell], (None if row["clue_label"][s] else "red")
 
 

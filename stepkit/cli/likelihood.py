@@ -12,7 +12,7 @@ from stepkit.cli.common import check_calibrate, engine_options, engine_spec, run
 from stepkit.options import click_options, from_params
 from stepkit.shards import read_manifest
 from stepkit.stages.likelihood import LikelihoodConfig
-from stepkit.views import StageView, finite, mean, share, stat
+from stepkit.views import StageView, finite, mean, number, share, stat
 
 PREFIX_CACHE_NOTE = ("vLLM skips the prefix cache for prompt-log-prob requests unless asked; the offline vllm "
                      "engine reads it and scores each row's full text first, so a shorter prefix costs only its "
@@ -40,10 +40,6 @@ def command(inp, out, **kw):
     check_calibrate(cfg.calibrate, out)
     stage = LikelihoodStage(cfg, engine_spec(kw), SamplingConfig(temperature=0, max_tokens=1, seed=kw["seed"]))
     run(stage, inp, out, kw, "likelihood-label")
-
-
-def _fmt(x, digits=2):
-    return "-" if x is None else f"{x:.{digits}f}"
 
 
 def _tables(rows, console, figs, shards):
@@ -116,7 +112,7 @@ BUNDLED_MODEL_NOTE = ("note: labelled with the bundled SmolLM2-135M, whose likel
 
 
 def _header(row):
-    start = "" if row.get("lh_value_start") is None else f"value before any step = {_fmt(row['lh_value_start'])}   "
+    start = "" if row.get("lh_value_start") is None else f"value before any step = {number(row['lh_value_start'], none='-')}   "
     fe = row.get("lh_first_error")
     return f"{start}status {row.get('lh_status')}   first error {'-' if fe is None else fe}"
 
@@ -133,7 +129,7 @@ def _step_cells(row, s):
     a, b = (row["lh_reward"], row["lh_q"]) if row.get("lh_q") else (row["lh_value"], row["lh_gain"])
     lab = row["lh_label"][s] if row.get("lh_label") else None
     style = "bold red" if row.get("lh_first_error") == s else "green" if b[s] >= 0 else "yellow"
-    return [_fmt(a[s]), _fmt(b[s]), "?" if lab is None else "ok" if lab else "WRONG"], style
+    return [number(a[s], none="-"), number(b[s], none="-"), "?" if lab is None else "ok" if lab else "WRONG"], style
 
 
 VIEW = StageView(marker="lh_status", stats=_tables, status_column="lh_status", header=_header,

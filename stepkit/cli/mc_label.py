@@ -12,7 +12,7 @@ from stepkit.options import click_options, from_params
 from stepkit.per_row import MIN_DISTINCT_SHARE, ContinuationTally, distinct_share
 from stepkit.shards import read_manifest
 from stepkit.stages.mc_label import MCLabelConfig
-from stepkit.views import StageView, finite, left_out, mean, n_steps, share, stat
+from stepkit.views import StageView, finite, left_out, mean, n_steps, number, share, stat
 
 
 @click.command("mc-label")
@@ -157,12 +157,8 @@ def add_continuation_rows(table, figs, tally: dict[str, int], label: str) -> Non
                 distinct_share=ds)
 
 
-def _fmt(x, digits=2):
-    return "-" if x is None else f"{x:.{digits}f}"
-
-
 def _header(row):
-    return (f"v0 (bare problem) = {_fmt(row.get('mc_value_start'))}   status {row.get('mc_status')}   "
+    return (f"v0 (bare problem) = {number(row.get('mc_value_start'), none='-')}   status {row.get('mc_status')}   "
             f"first error {'-' if row.get('mc_first_error') is None else row['mc_first_error']}")
 
 
@@ -190,7 +186,7 @@ def _step_cells(row, s):
     last = s == len(row["steps"]) - 1 and not row.get("filter_cut_by")  # a cut row ends before its outcome
     lab = row["mc_label"][s] if row.get("mc_label") else None
     cells = ["outcome" if last else f"{row['mc_successes'][s]}/{row['mc_rollouts'][s]}",
-             str(row["mc_truncated"][s]), _count(row, "mc_empty", s), _count(row, "mc_distinct", s), _fmt(v), _fmt(row["mc_progress"][s]),
+             str(row["mc_truncated"][s]), _count(row, "mc_empty", s), _count(row, "mc_distinct", s), number(v, none="-"), number(row["mc_progress"][s], none="-"),
              ("?" if lab is None else "ok" if lab else "WRONG") + ("" if est else " (inferred)")]
     return cells, "bold red" if row.get("mc_first_error") == s else _value_style(v)
 

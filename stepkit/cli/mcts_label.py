@@ -13,7 +13,7 @@ from stepkit.options import click_options, from_params
 from stepkit.per_row import ContinuationTally
 from stepkit.shards import read_manifest
 from stepkit.stages.mcts_label import MCTSConfig
-from stepkit.views import StageView
+from stepkit.views import StageView, number
 
 
 @click.command("mcts-label")
@@ -78,7 +78,7 @@ def _step_cells(row, s):
     node = row["mcts_node_id"][s]
     counts = "-" if row["mcts_rollouts"][s] is None else f"{row['mcts_successes'][s]}/{row['mcts_rollouts'][s]}"
     return [node.rsplit("/", 1)[-1] if node else "-", counts, "-" if row["mcts_visits"][s] is None else
-            row["mcts_visits"][s], "-" if v is None else f"{v:.2f}"], None
+            row["mcts_visits"][s], number(v, none="-")], None
 
 
 VIEW = StageView(marker="mcts_status", stats=_stats, status_column="mcts_status", header=_header,

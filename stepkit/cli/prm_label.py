@@ -11,7 +11,7 @@ from stepkit.cli.common import check_calibrate, engine_options, engine_spec, run
 from stepkit.options import click_options, from_params
 from stepkit.shards import read_manifest
 from stepkit.stages.prm_label import PRMLabelConfig
-from stepkit.views import StageView, finite, mean, share, stat
+from stepkit.views import StageView, finite, mean, number, share, stat
 
 
 @click.command("prm-label")
@@ -86,7 +86,7 @@ def _step_columns(row):
 def _step_cells(row, s):
     v, lab = row["prm_score"][s], (row.get("prm_label") or [None] * (s + 1))[s]
     style = "bold red" if row.get("prm_first_error") == s else "green" if lab else "yellow"
-    return [f"{v:.3f}", "?" if lab is None else "ok" if lab else "WRONG"], style
+    return [number(v, 3, none="-"), "?" if lab is None else "ok" if lab else "WRONG"], style
 
 
 VIEW = StageView(marker="prm_status", stats=_tables, status_column="prm_status", header=_header,
