@@ -12,19 +12,10 @@ import pytest
 
 from stepkit.grading.claims import to_expression
 from stepkit.grading.stepcheck import check_solution
+from tests import test_check_steps_forms as forms
 from tests.conftest import DATA
 
-
-@pytest.fixture(scope="module")
-def pb() -> dict:
-    with open(DATA / "processbench" / "math.json") as f:
-        return {r["id"]: r for r in json.load(f)}
-
-
-@pytest.fixture(scope="module")
-def math500() -> list[dict]:
-    with open(DATA / "math500" / "test.jsonl") as f:
-        return [json.loads(line) for line in f]
+pb, math500 = forms.pb, forms.math500  # the real ProcessBench math / MATH-500 rows: the same fixtures, written once
 
 
 def test_degrees_inside_a_trigonometric_function_are_radians(pb):
