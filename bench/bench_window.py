@@ -17,6 +17,12 @@ slots' mean per tenth of the run, and the share of the run with fewer than half 
 then each run's tokens/s as a ratio to exhaustive mc-label's (targets: mcts-label >= 0.9, binary mc-label
 >= 0.95). The rows of the runs of one stage are checked to be the same whatever the window.
 
+Then the slot-seconds each run left idle (``slots x wall - tokens x step``, exact in this engine) and what
+that adds to the reference's: the end of every run leaves slots idle while its last samples finish (a
+drain about one sample long, whatever the run's length), so a run with less work than the reference has a
+lower ratio even when it leaves no more slots idle; printed beside it, the ratio a run of its tokens would
+have with exactly the reference's idle slot-seconds.
+
 Prints what was measured in this run, never absolute claims.
 
 With ``--repeat N`` each measurement runs N times and the ratios are of the medians.
@@ -147,10 +153,11 @@ def main() -> None:
         golds = {r["prompt"]: r["reference_answer"] for r in read_rows(sol)}
 
         def measure(name, make, window):
-            """The median tokens/s of ``--repeat`` runs (each printed) and the rows (checked the same each time)."""
+            """The median tokens/s and idle slot-seconds of ``--repeat`` runs (each printed), the generated
+            tokens and the rows (both checked the same each time)."""
             got = [measure_once(name, make, window, rep) for rep in range(args.repeat)]
-            assert all(rows == got[0][1] for _, rows in got), f"{name}: rows differ between repeats"
-            return statistics.median(tps for tps, _ in got), got[0][1]
+            assert all(g[2:] == got[0][2:] for g in got), f"{name}: rows or tokens differ between repeats"
+            return (statistics.median(g[0] for g in got), statistics.median(g[1] for g in got)) + got[0][2:]
 
         def measure_once(name, make, window, rep, golds=golds, sol=sol, n_sol=n_sol):
             engine = Batched(GoldPolicy(golds), "scripted:gold")
@@ -177,7 +184,8 @@ def main() -> None:
             print(f"  {name:16s} window {window}: {res.chunks:2d} chunks, {dt:6.2f} s, {tokens:6d} tokens, "
                   f"{tokens / dt:7.0f} tok/s ({tokens / dt * args.step / args.slots:.2f} of full); busy slots per tenth: {' '.join(f'{sum(x) / len(x):.0f}' for x in tenths)}; "
                   f"below half the slots {tail:4.0%} of the run")
-            return tokens / dt, read_rows(out)
+            # Slot-seconds left idle: each generated token holds one slot for --step s, so exactly this.
+            return tokens / dt, args.slots * dt - tokens * args.step, tokens, read_rows(out)
 
         stages = {
             "mcts-label": lambda spec: MCTSLabelStage(MCTSConfig(continuations=args.k, search_limit=8,
@@ -186,16 +194,24 @@ def main() -> None:
                                                          sampling, lambda: checker),
         }
         print(f"{len(golds)} problems (real GSM8K solutions)")
-        ref, _ = measure("mc-label exhaustive", lambda spec: MCLabelStage(MCLabelConfig(continuations=args.k), spec,
+        ref, ref_idle, _, _ = measure("mc-label exhaustive", lambda spec: MCLabelStage(MCLabelConfig(continuations=args.k), spec,
                                                                            sampling, lambda: checker), 1)
-        ratios = []
+        ratios, idle = [], []
         for name, make in stages.items():
             runs = {w: measure(name, make, w) for w in windows}
-            base = runs[windows[0]][1]
-            assert all(rows == base for _, rows in runs.values()), f"{name}: rows differ between windows"
-            ratios += [f"{name} window {w} {tps / ref:.2f}" for w, (tps, _) in runs.items()]
+            base = runs[windows[0]][-1]
+            assert all(run[-1] == base for run in runs.values()), f"{name}: rows differ between windows"
+            ratios += [f"{name} window {w} {tps / ref:.2f}" for w, (tps, *_) in runs.items()]
+            idle += [f"{name} window {w} {i:.1f} ({i - ref_idle:+.1f}; ratio with exactly exhaustive's idle "
+                     f"slot-seconds {tokens / ((tokens * args.step + ref_idle) / args.slots) / ref:.2f})"
+                     for w, (_, i, tokens, _) in runs.items()]
         print(f"  tokens/s ratio to exhaustive mc-label, {len(golds)} problems: " + ", ".join(ratios)
               + " (targets: mcts-label >= 0.9, binary >= 0.95; rows identical across windows)")
+        # What a run leaves idle beyond the reference's: the end of any run leaves slots idle while its
+        # last samples finish (a drain of about one sample's length, the same whatever the run's length),
+        # so a run with half the reference's work has a lower ratio at equal idle time.
+        print(f"  idle slot-seconds (slots x wall - tokens x step), {len(golds)} problems: exhaustive mc-label "
+              f"{ref_idle:.1f}; " + "; ".join(idle))
     AnswerChecker.close(checker)
 
 
