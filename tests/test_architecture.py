@@ -452,3 +452,33 @@ def test_a_changed_setting_is_named_by_its_own_key_and_scripted_models_need_thei
     assert p.returncode == 1 and "sampling.temperature 0.8 -> 0.5" in p.stderr and "top_p" not in p.stderr
     p = run_cli("mc-label", solutions, tmp_path / "x.parquet", "--model", "scripted:echo", check=False)
     assert p.returncode == 2 and "add --engine scripted" in p.stderr
+
+
+def test_help_texts_name_every_column_they_promise():
+    """`show --help` lists every stage's status column with its declared values; `clue recover/score --help`
+    name every column they write (the columns' declarations are the truth, the help text follows them)."""
+    import importlib
+    import pkgutil
+
+    import stepkit.stages
+    from stepkit import cli
+    from stepkit.columns import Column
+
+    declared = []
+    for m in pkgutil.iter_modules(stepkit.stages.__path__):
+        mod = importlib.import_module(f"stepkit.stages.{m.name}")
+        for value in vars(mod).values():
+            if isinstance(value, tuple) and value and all(isinstance(c, Column) for c in value):
+                declared += [c for c in value if c.role == "status"]
+    assert {c.name for c in declared} >= {"mc_status", "judge_status", "clue_status", "check_status"}
+    runner = CliRunner()
+    show = " ".join(runner.invoke(cli.main, ["show", "--help"], terminal_width=400).output.split())
+    for c in declared:
+        assert c.name in show, c.name
+        for v in c.values or ():
+            assert v in show, (c.name, v)
+    from stepkit.stages.clue_recover import RECOVER_COLUMNS
+    from stepkit.stages.clue_score import SCORE_COLUMNS
+    for sub, columns in (("recover", RECOVER_COLUMNS), ("score", SCORE_COLUMNS)):
+        text = runner.invoke(cli.main, ["clue", sub, "--help"], terminal_width=400).output
+        assert [c.name for c in columns if c.name not in text] == [], sub

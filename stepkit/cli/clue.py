@@ -46,8 +46,9 @@ def recover(inp, out, **kw):
     reference_answer by --model, or with --from-reference from the reference solution's <<a=b>>
     annotations (no model), or with --from-actions from an agent task's gold tool calls (no model).
 
-    Writes clue_texts, clue_values, clue_depends, clue_status (ok, parse_failure, no_reference, no_answer),
-    clue_parse_failures, clue_replies; a reply that does not parse is a parse failure, never an empty list.
+    Writes clue_texts, clue_values, clue_depends, clue_kinds (call / value, --from-actions), clue_status (ok,
+    parse_failure, no_reference, no_answer), clue_parse_failures, clue_parse_error (the last failure's reason),
+    clue_replies; a reply that does not parse is a parse failure, never an empty list.
     """
     from stepkit.prompts import load_template
     from stepkit.stages.clue import ClueRecoverStage
@@ -72,7 +73,9 @@ def recover(inp, out, **kw):
 @runner_options
 def score(traj, out, **kw):
     """Score every step of the trajectories in TRAJ by the clues of its problem (--clues, from `clue
-    recover`): clue_hits, clue_score, clue_label, clue_coverage, clue_first_error, clue_verdicts.
+    recover`): clue_hits, clue_false_claims, clue_score, clue_label, clue_coverage, clue_first_error,
+    clue_verdicts, clue_verdict_failures, clue_status (ok; no_reference, parse_failure, no_answer, clue_error,
+    no_clues: no labels).
 
     Numeric clues are matched by value with the answer checker; --match llm/both asks --model for a
     verdict per clue (a reply with no usable verdict is a recorded failure, never a verdict).

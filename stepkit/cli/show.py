@@ -10,8 +10,11 @@ import click
 @click.option("--id", "row_id", default=None, help="Row id (default: the first row).")
 @click.option("--index", type=click.IntRange(0), default=None, help="Row index instead of an id.")
 @click.option("--status", default=None,
-              help="Only rows with this status in some stage's status column: mc_status (ok, no_signal, "
-                   "ungraded), judge_status (ok, parse_failure) or mcts_status (ok, all_correct, all_wrong, ...).")
+              help="Only rows with this value in some stage's status column: mc_status (ok, no_signal, "
+                   "ungraded), mcts_status (ok, all_correct, all_wrong, no_signal, ungraded), judge_status (ok, "
+                   "parse_failure), clue_status (ok, no_reference, parse_failure, no_answer, clue_error, "
+                   "no_clues), lh_status (ok, no_answer), prm_status (ok), check_status (failed, held, "
+                   "nothing_checkable), or filter_reason (the reason a filter dropped the row, e.g. unlabelled).")
 @click.option("--clip", type=click.IntRange(0), default=300, show_default=True,
               help="Conversations: characters shown of a tool result, system message or call's arguments (0: all).")
 def command(shard, row_id, index, status, clip):

@@ -78,13 +78,15 @@ class IngestOptions(Config):
     generators: tuple[str, ...] = opt((), "gsm8k-solutions: generator(s) to take (default: all four).",
                                       flag="--generator")
     split: str = opt("auto", "jsonl/parquet string steps: newline, blank, step (Step k:), auto, or a separator regex.")
-    id_col: str | None = opt(None, "jsonl/parquet: row id column (default: <file>-<index>).")
+    id_col: str | None = opt(None, "jsonl/parquet, messages: row id column (default: <file>-<index>; messages: id, "
+                              "else <problem id>-<trial>).")
     prompt_col: str = opt("prompt", "jsonl/parquet: the problem column.")
     steps_col: str = opt("steps", "jsonl/parquet: a list of steps, or a string to split.")
     answer_col: str | None = opt(None, "jsonl/parquet: the solution's final answer (default: extracted from the "
                                  "steps).")
     reference_col: str | None = opt(None, "jsonl/parquet: gold answer column (needed to grade outcomes).")
-    problem_id_col: str | None = opt(None, "jsonl/parquet: problem id column (default: the row id).")
+    problem_id_col: str | None = opt(None, "jsonl/parquet, messages: problem id column (default: the row id; "
+                                      "messages: task_id when present).")
     labels_col: str | None = opt(None, "jsonl/parquet: per-step human labels or ratings (-1/0/1, bool, +/-).")
     neutral_as: str = opt("positive", "With --labels-col: how a neutral 0 rating maps (PRM800K paper: positive; "
                           "TRL's converter: negative).", choices=("positive", "negative"))
