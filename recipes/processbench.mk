@@ -12,7 +12,7 @@
 # judge's output (the completer MODEL), so one shard holds both labelers; then `eval processbench` prints
 # the F1 of each labeler per split and averaged, and `eval agreement` compares the two. Figures go to
 # $(WORK)/eval/*.json. LABELERS picks the labelers to run: "judge mc" (default), "judge" or "mc".
-# ProcessBench math rows without a recoverable gold answer (437 of 1000) cannot be MC-labelled: they keep
+# ProcessBench math rows without a recoverable gold answer (412 of 1000) cannot be MC-labelled: they keep
 # an error and count as missing MC predictions, so mc-label may fail up to MC_MAX_ERROR_RATE of the rows.
 # The settings are recorded in $(WORK)/recipe.vars: another set of settings needs another WORK.
 SHELL := bash
