@@ -29,7 +29,7 @@ class RunOptions(Config):
     chunks_in_flight: int | None = opt(None, "Chunks a stage on the engine's asynchronous path runs at once (the "
                                           "next chunk's requests start while the last ones of the previous finish; "
                                           "commits stay in order, a killed run redoes at most these chunks) "
-                                          "[default: enough chunks for 128 rows, at least 4].", min=1, max=1024)
+                                          "[default: enough chunks for 128 rows, at least 4 and at most 64].", min=1, max=1024)
 
     def __post_init__(self):
         super().__post_init__()

@@ -16,7 +16,7 @@ local folder as it was:
    (:mod:`stepkit.stages.card_merge`), and make one ``create_commit`` naming that head as its parent
    commit: the subset's files added, its stale files (under ``data/`` and ``images/``, or ``data/NAME/``
    and ``images/NAME/``) deleted, other subsets untouched. HTTP 412 (another commit landed first) plans
-   the commit again on the new head, with one line, up to ``--max-retries`` times; 429, 5xx and
+   the commit again on the new head, with one line, up to ``--max-retries`` times; 408, 429, 500, 502, 503, 504 and
    connection errors are retried with exponential backoff; 401/403/404 fail at once (case
    ``hub-parallel-commits-412``). The token comes from ``HF_TOKEN`` (else the user's saved login), the
    endpoint from ``--endpoint`` or ``HF_ENDPOINT``. After the commit the card, figures and report are put
@@ -64,7 +64,7 @@ class PublishConfig(Config):
                       metavar="NAME")
     pretty_name: str | None = opt(None, "The card's title [default: the repository's name].")
     commit_message: str | None = opt(None, "The commit message (default: 'stepkit publish: N rows, format F').")
-    max_retries: int = opt(5, "Retries of a commit on 412 / 429 / 5xx / connection errors.", min=0, max=50)
+    max_retries: int = opt(5, "Retries of a commit on 412 / 408 / 429 / 500 / 502 / 503 / 504 / connection errors.", min=0, max=50)
     report: bool = opt(True, "Add report.html (stepkit report over the folder: one self-contained page to browse the "
                              "labels), linked from the card.", flag="--report/--no-report")
     retry_wait: float = opt(2.0, "Seconds before the first retry (doubled each time; a Retry-After header wins).",
@@ -220,8 +220,9 @@ def _is_transport_error(e: Exception) -> bool:
 
 
 def with_retries(call, what: str, cfg: PublishConfig, endpoint: str, sleep=None, passthrough=frozenset()):
-    """Run ``call()``; retry on HTTP 408/412/429/5xx and connection errors with exponential backoff; an HTTP
-    error whose status is in ``passthrough`` is raised as it is (the caller handles it).
+    """Run ``call()``; retry on the HTTP statuses of ``RETRY_STATUS`` (408, 412, 429, 500, 502, 503, 504) and
+    connection errors with exponential backoff; an HTTP error whose status is in ``passthrough`` is raised as it
+    is (the caller handles it: the commit path passes 412 through and plans the commit again on the new head).
 
     Raises:
         StepkitError: one line naming ``what``, the endpoint and the status; at once for other HTTP
