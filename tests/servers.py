@@ -248,7 +248,13 @@ def vllm_server(model_dir: str | os.PathLike, name: str = "smollm2-135m", port: 
 
 
 class _QuietHTTPServer(ThreadingHTTPServer):
-    """Ignores clients that hang up before the answer (a client-side timeout is what some tests test)."""
+    """Ignores clients that hang up before the answer (a client-side timeout is what some tests test).
+
+    Its listen backlog is a real server's (uvicorn's 2048), not socketserver's 5: a client with 32 requests in
+    flight (the openai engine's default ``--concurrency``) would otherwise see connections reset by a full
+    accept queue, a fault no test here means to inject."""
+
+    request_queue_size = 2048
 
     def handle_error(self, request, client_address):
         if not isinstance(sys.exc_info()[1], (BrokenPipeError, ConnectionResetError)):
