@@ -9,10 +9,12 @@ Each sample of a request finishes on its own (``submit_each``, as a sequence lea
 a binary-search probe can be decided by its first correct sample.
 
 On real GSM8K model solutions (a deterministic policy reaches the gold answer with a chance falling with
-depth, ``tests.window_cases.GoldPolicy``), for each ``--solutions`` count: exhaustive mc-label (one engine
-call per chunk, the engine as full as it gets: the reference), then mcts-label (the paper's order, one
-selection at a time per problem) and binary mc-label, each with ``--chunks-in-flight`` 1 (each chunk a
-barrier) and with the runner's default window. Printed per run: wall seconds, generated tokens/s, the busy
+depth, ``tests.window_cases.GoldPolicy``), for each ``--solutions`` count: exhaustive mc-label with the
+runner's default window (every request of a chunk sent at once, chunks overlapping: the engine as full as
+it gets, the reference), then exhaustive mc-label with ``--chunks-in-flight`` 1 (each chunk a barrier, as
+exhaustive mode ran before it joined the asynchronous path), mcts-label (the paper's order, one selection
+at a time per problem) and binary mc-label, each of the last two with ``--chunks-in-flight`` 1 and with the
+runner's default window. Printed per run: wall seconds, generated tokens/s, the busy
 slots' mean per tenth of the run, and the share of the run with fewer than half the slots busy (the tail);
 then each run's tokens/s as a ratio to exhaustive mc-label's (targets: mcts-label >= 0.9, binary mc-label
 >= 0.95). The rows of the runs of one stage are checked to be the same whatever the window.
@@ -187,6 +189,9 @@ def main() -> None:
             # Slot-seconds left idle: each generated token holds one slot for --step s, so exactly this.
             return tokens / dt, args.slots * dt - tokens * args.step, tokens, read_rows(out)
 
+        def exhaustive(spec):
+            return MCLabelStage(MCLabelConfig(continuations=args.k), spec, sampling, lambda: checker)
+
         stages = {
             "mcts-label": lambda spec: MCTSLabelStage(MCTSConfig(continuations=args.k, search_limit=8,
                                                                  rollout_budget=48), spec, sampling, lambda: checker),
@@ -194,9 +199,11 @@ def main() -> None:
                                                          sampling, lambda: checker),
         }
         print(f"{len(golds)} problems (real GSM8K solutions)")
-        ref, ref_idle, _, _ = measure("mc-label exhaustive", lambda spec: MCLabelStage(MCLabelConfig(continuations=args.k), spec,
-                                                                           sampling, lambda: checker), 1)
-        ratios, idle = [], []
+        ref, ref_idle, _, ref_rows = measure("mc-label exhaustive", exhaustive, default_window)
+        one = measure("mc-label exhaustive", exhaustive, 1)
+        assert one[-1] == ref_rows, "mc-label exhaustive: rows differ between windows"
+        ratios = [f"mc-label exhaustive window 1 {one[0] / ref:.2f}"]
+        idle = [f"mc-label exhaustive window 1 {one[1]:.1f} ({one[1] - ref_idle:+.1f})"]
         for name, make in stages.items():
             runs = {w: measure(name, make, w) for w in windows}
             base = runs[windows[0]][-1]
@@ -205,7 +212,7 @@ def main() -> None:
             idle += [f"{name} window {w} {i:.1f} ({i - ref_idle:+.1f}; ratio with exactly exhaustive's idle "
                      f"slot-seconds {tokens / ((tokens * args.step + ref_idle) / args.slots) / ref:.2f})"
                      for w, (_, i, tokens, _) in runs.items()]
-        print(f"  tokens/s ratio to exhaustive mc-label, {len(golds)} problems: " + ", ".join(ratios)
+        print(f"  tokens/s ratio to exhaustive mc-label (window {default_window}), {len(golds)} problems: " + ", ".join(ratios)
               + " (targets: mcts-label >= 0.9, binary >= 0.95; rows identical across windows)")
         # What a run leaves idle beyond the reference's: the end of any run leaves slots idle while its
         # last samples finish (a drain of about one sample's length, the same whatever the run's length),

@@ -64,7 +64,7 @@ def most_in_flight(chunk_log: list[dict]) -> int:
     return most
 
 
-@pytest.mark.parametrize("case", ["mc-label-binary", "mcts-label", "judge", "rollout"])
+@pytest.mark.parametrize("case", ["mc-label-binary", "mc-label-exhaustive", "mcts-label", "judge", "rollout"])
 def test_the_window_holds_several_chunks_never_more_and_commits_in_order(case, shards, checker, tmp_path, chunk_log):
     """The next chunk's requests start before the previous chunk commits, at most ``chunks_in_flight``
     chunks are started and not committed, and chunks commit in index order."""
@@ -82,16 +82,19 @@ def test_the_window_holds_several_chunks_never_more_and_commits_in_order(case, s
 
 
 def test_a_stage_off_the_asynchronous_path_runs_one_chunk_at_a_time(shards, checker, tmp_path, chunk_log):
-    """Exhaustive mc-label sends each chunk in one engine call (``generate``, never mixed with ``submit``):
-    it is not asynchronous, so its chunks never overlap whatever the window."""
+    """A stage that is not asynchronous (clue score with numeric matching: no model, nothing awaited) runs
+    each chunk to its commit before the next starts, whatever the window."""
     from stepkit.runner import run_stage
+    from stepkit.stages.clue_score import ClueScoreConfig, ClueScoreStage
 
     tmp, paths = shards
-    stage, src, chunk = build("mc-label-exhaustive", tmp, tmp_path, paths, ScriptedEngine, checker)
+    _, src, chunk = build("clue-score", tmp, tmp_path, paths, ScriptedEngine, checker)  # (writes the clues)
+    stage = ClueScoreStage(ClueScoreConfig(clues=str(tmp / "clues.parquet"), match="numeric"), None, None,
+                           checker_factory=lambda: checker)
     assert not stage.asynchronous
     (res,) = run_stage(stage, src, tmp_path / "o.parquet", chunk_size=chunk, progress=False, chunks_in_flight=4)
     kinds = [(e["event"], e["chunk"]) for e in chunk_log if e["event"] in ("chunk_start", "chunk_commit")]
-    assert kinds == [(k, i) for i in range(res.chunks) for k in ("chunk_start", "chunk_commit")]
+    assert kinds == [(k, i) for i in range(res.chunks) for k in ("chunk_start", "chunk_commit")] and res.chunks > 1
 
 
 def test_sample_parsed_keeps_every_completion_of_its_round_when_asked():

@@ -107,8 +107,8 @@ def _shard_actor_pid(parts: Path, deadline: float) -> int:
 def test_an_actor_killed_mid_shard_is_retried_and_resumes(shards, reference, ray_cluster, tmp_path):
     out = tmp_path / "out"
     parts = out / "s0.parquet.parts"
-    proc = subprocess.Popen([*STEPKIT, "mc-label", str(shards), str(out), *SCRIPTED, "--executor", "ray",
-                             "--ray-address", ray_cluster], cwd=ROOT, stdout=subprocess.DEVNULL,
+    proc = subprocess.Popen([*STEPKIT, "mc-label", str(shards), str(out), *SCRIPTED, "--chunks-in-flight", "1",
+                             "--executor", "ray", "--ray-address", ray_cluster], cwd=ROOT, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True, env={**os.environ, "STEPKIT_SCRIPTED_DELAY": "0.05"})
     deadline = time.time() + 120
     while len(list(parts.glob("part-*.parquet"))) < 2:

@@ -42,10 +42,12 @@ def solutions(tmp_path_factory) -> Path:
 
 
 def kill_after_parts(solutions, out, n_parts, delay):
-    """Start `mc-label` (chunks of one row, slowed by ``delay`` s per request), SIGKILL its whole
-    process group once ``n_parts`` chunks are committed; return the parts folder."""
+    """Start `mc-label` (chunks of one row, one at a time, slowed by ``delay`` s per request), SIGKILL its whole
+    process group once ``n_parts`` chunks are committed; return the parts folder. (Several chunks in flight
+    killed: ``tests/faults/test_window_resume.py``.)"""
     parts = out.with_name(out.name + ".parts")
-    proc = subprocess.Popen([*STEPKIT, "mc-label", str(solutions), str(out), *SCRIPTED, "--chunk-size", "1"],
+    proc = subprocess.Popen([*STEPKIT, "mc-label", str(solutions), str(out), *SCRIPTED, "--chunk-size", "1",
+                             "--chunks-in-flight", "1"],
                             env={**os.environ, "STEPKIT_SCRIPTED_DELAY": str(delay)}, start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 120
@@ -250,9 +252,9 @@ def test_folder_in_needs_folder_out(solutions, tmp_path):
 
 def test_second_writer_of_the_same_output_is_refused(solutions, tmp_path):
     out = tmp_path / "lab.parquet"
-    first = subprocess.Popen([*STEPKIT, "mc-label", str(solutions), str(out), *SCRIPTED, "--chunk-size", "1"],
-                             env={**os.environ, "STEPKIT_SCRIPTED_DELAY": "0.1"}, start_new_session=True,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    first = subprocess.Popen([*STEPKIT, "mc-label", str(solutions), str(out), *SCRIPTED, "--chunk-size", "1",
+                              "--chunks-in-flight", "1"], env={**os.environ, "STEPKIT_SCRIPTED_DELAY": "0.1"},
+                             start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         parts = tmp_path / "lab.parquet.parts"
         deadline = time.time() + 120

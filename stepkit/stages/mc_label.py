@@ -42,7 +42,9 @@ Checks on the continuations themselves (:mod:`stepkit.per_row`, shared with ``mc
 
 Modes:
 
-* ``exhaustive``: every prefix, K * M continuations per row.
+* ``exhaustive``: every prefix, K * M continuations per row, a chunk's requests all sent at once on the
+  engine's asynchronous path, so the runner overlaps chunks (the next chunk's requests join the engine's
+  batch while this chunk's longest continuations finish; chunks are no barrier).
 * ``binary``: OmegaPRM's binary search for the first error, assuming values do not recover once they
   reach 0. A row with a correct outcome has no first error under that assumption (no search); for an
   incorrect one the search over prefixes 1..M (``v_M = 0`` known) takes at most ceil(log2 M) probes, so
@@ -75,6 +77,7 @@ from stepkit.per_row import (
     empty_refusal,
     engine_error,
     first_success,
+    sample_parsed,
 )
 from stepkit.prompts import CONTINUATION, PromptTemplate, render_continuation
 from stepkit.schema import LABELER_REQUIRED
@@ -242,47 +245,33 @@ class MCLabelStage(LabelerStage):
         return {**super().config(), "prompt_template": {"version": self.template.version, "hash": self.template.hash()}}
 
     # -- the method ---------------------------------------------------------------------------------
-    def process(self, rows: list[dict]) -> tuple[list[dict], dict[str, int]]:
-        """Label one chunk. Exhaustive mode sends all of its continuation requests in one engine call;
-        binary mode is :meth:`aprocess` (each row's search in its own coroutine on the engine's
-        asynchronous path). Either way vLLM batches what is in flight and shared prefixes hit its cache.
-        Returns the rows with ``mc_*`` columns and the chunk's counters (continuations, truncated, empty,
-        successes, prefixes_estimated, no_signal, ungraded, and
+    asynchronous = True  # both modes submit on the engine's asynchronous path: the runner overlaps chunks
+
+    async def aprocess(self, rows: list[dict]) -> tuple[list[dict], dict[str, int]]:
+        """Label one chunk on the engine's asynchronous path: exhaustive mode sends all of its continuation
+        requests at once (:meth:`_estimate_all`); binary mode runs one coroutine per row (its search and v_0
+        beside it, :meth:`_search_all`), so no row's next probe waits for another row's slowest continuation.
+        Either way the runner overlaps chunks, vLLM batches what is in flight and shared prefixes hit its
+        cache. Returns the rows with ``mc_*`` columns and the chunk's counters (continuations, truncated,
+        empty, successes, prefixes_estimated, no_signal, ungraded, and
         :class:`~stepkit.per_row.ContinuationTally`'s).
 
         Raises:
             StepkitError: more than half of the continuations sampled so far were empty
                 (:func:`~stepkit.per_row.empty_refusal`); the chunk is not committed.
         """
-        if self.asynchronous:
-            return super().process(rows)  # aprocess on an event loop of its own (Stage.process)
-        out, todo, est, counters = self._prepare(rows)
-        self._estimate([(r, i) for r in todo for i in range(len(r["steps"]))], est, counters)
-        return self._labelled(out, todo, est, counters)
-
-    async def aprocess(self, rows: list[dict]) -> tuple[list[dict], dict[str, int]]:
-        """Binary mode's :meth:`process`: one coroutine per row (its search and v_0 beside it), so no row's
-        next probe waits for another row's slowest continuation, and the runner overlaps chunks."""
         out, todo, counters = self._screen(rows)
         todo, est = self._with_golds(todo, await check_golds(self.checker, [r["reference_answer"] for r in todo]))
-        await self._search_all(todo, est, counters)
+        if self.mode == "binary":
+            await self._search_all(todo, est, counters)
+        else:
+            await self._estimate_all([(r, i) for r in todo for i in range(len(r["steps"]))], est, counters)
         return self._labelled(out, todo, est, counters)
 
-    @property
-    def asynchronous(self) -> bool:
-        """Binary mode runs on the engine's asynchronous path (exhaustive mode: one engine call per chunk)."""
-        return self.mode == "binary"
-
-    def _prepare(self, rows: list[dict]):
-        """``(out, todo, est, counters)``: every row with empty ``mc_*`` columns (rows that cannot be
-        labelled keep an error or the ``ungraded`` status), the rows to label, their empty estimates, the
-        chunk's counters."""
-        out, todo, counters = self._screen(rows)
-        todo, est = self._with_golds(todo, self.checker.gold_problems([r["reference_answer"] for r in todo]))
-        return out, todo, est, counters
-
     def _screen(self, rows: list[dict]):
-        """``(out, todo, counters)`` of :meth:`_prepare`, before the gold answers are checked."""
+        """``(out, todo, counters)``: every row with empty ``mc_*`` columns (rows that cannot be labelled
+        keep an error or the ``ungraded`` status), the rows to label (gold answers not yet checked), the
+        chunk's counters."""
         counters = {"continuations": 0, "truncated": 0, "empty": 0, "successes": 0, "prefixes_estimated": 0,
                     "no_signal": 0, "ungraded": 0, **dict.fromkeys(ContinuationTally.NAMES, 0)}
         todo = []
@@ -395,16 +384,17 @@ class MCLabelStage(LabelerStage):
         return Request(render_continuation(self.engine, r["prompt"], r["steps"], r.get("step_separator") or "\n",
                                            i, self.template), self.k)
 
-    def _estimate(self, wanted: list[tuple[dict, int]], est, counters) -> None:
-        """Run K continuations for each (row, prefix length) in one engine call and record them in ``est``."""
-        if wanted:
-            self._record(wanted, self.engine.generate([self._request(r, i) for r, i in wanted], self.sampling),
-                         est, counters)
+    async def _estimate_all(self, wanted: list[tuple[dict, int]], est, counters) -> None:
+        """Exhaustive mode: K continuations of each (row, prefix length), every request submitted at once
+        (one request of K per prefix, :func:`~stepkit.per_row.sample_parsed` with no retry and every
+        completion kept), then graded together and recorded in ``est``."""
+        import asyncio  # (imported where used: a command's --help loads no asyncio)
 
-    def _record(self, wanted: list[tuple[dict, int]], results, est, counters) -> None:
-        """Grade the continuations of each (row, prefix length) and add their counts to ``est``."""
-        where, pairs = self._tally(wanted, results, est, counters)
-        self._credit(where, self.checker.check_many(pairs), counters)
+        got = await asyncio.gather(*(sample_parsed(self.engine, self._request(r, i).prompt, self.sampling,
+                                                    lambda c: c, self.name, want=self.k, stop_on_error=False)
+                                      for r, i in wanted))
+        where, pairs = self._tally(wanted, [g.completions for g in got], est, counters)
+        self._credit(where, await check_answers(self.checker, pairs), counters)
 
     def _tally(self, wanted: list[tuple[dict, int]], results, est, counters):
         """Count the continuations of each (row, prefix length) into ``est`` and ``counters``; return

@@ -14,8 +14,10 @@ import pyarrow.parquet as pq
 
 from tests.conftest import ROOT
 
-MC_LABEL = ["--engine", "scripted", "--model", "scripted:echo", "-k", "2", "--no-progress", "--chunk-size", "1"]
-"""mc-label with the scripted engine, one row per chunk (so a fault lands between commits)."""
+MC_LABEL = ["--engine", "scripted", "--model", "scripted:echo", "-k", "2", "--no-progress", "--chunk-size", "1",
+            "--chunks-in-flight", "1"]
+"""mc-label with the scripted engine, one row per chunk and one chunk at a time (so a fault lands between
+commits; a fault with several chunks in flight is ``test_window_resume.py``'s)."""
 
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
 

@@ -146,7 +146,7 @@ def test_mc_label_through_a_misbehaving_server(solutions, tmp_path, fault_table)
 
     out = tmp_path / "lab.parquet"
     args = ["mc-label", solutions, out, "--engine", "openai", "--model", "smollm2-135m", "-k", "2", "--chunk-size",
-            "1", "--max-retries", "1", "--no-progress"]
+            "1", "--chunks-in-flight", "1", "--max-retries", "1", "--no-progress"]  # (the garbage lands mid-run)
     with FakeServer(mangle=mangle, delay=0.02) as fake:
         proc = subprocess.Popen(command(*args, "--base-url", fake.base_url), env=ENV, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.PIPE, text=True)
@@ -185,7 +185,7 @@ def test_a_server_gone_mid_run_is_one_line_and_the_rerun_resumes_once_it_is_back
     committed chunks; restarted on the same port, the same command resumes them and labels the rest."""
     out = tmp_path / "lab.parquet"
     args = ["mc-label", solutions, out, "--engine", "openai", "--model", "smollm2-135m", "-k", "2", "--chunk-size",
-            "1", "--max-retries", "1", "--no-progress"]
+            "1", "--chunks-in-flight", "1", "--max-retries", "1", "--no-progress"]  # (the garbage lands mid-run)
     fake = FakeServer(delay=0.05).start()
     try:
         proc = subprocess.Popen(command(*args, "--base-url", fake.base_url), env=ENV, stdout=subprocess.DEVNULL,
