@@ -38,7 +38,7 @@ def test_sigterm_leaves_no_engine_process_and_the_rerun_resumes(tmp_path, fault_
             "--generator", "175b_verification")
     out = tmp_path / "labeled.parquet"
     args = ["mc-label", sols, out, "--model", "smollm2-135m", "-k", "2", "--max-tokens", "48", "--no-progress",
-            "--chunk-size", "1"]
+            "--chunk-size", "1", "--chunks-in-flight", "1"]  # (the signal lands between commits)
     wait_for_room()
     env = {**ENV, "VLLM_LOGGING_LEVEL": "ERROR"}  # stepkit's default (tests/conftest.py sets WARNING)
     # as a user runs it: the `stepkit` script (its spawned engine processes import stepkit first, which quiets
