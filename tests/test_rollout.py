@@ -169,3 +169,43 @@ def test_bad_recipe_is_one_error_naming_the_recipe(problems, tmp_path, text, msg
     p = run_cli("rollout", problems, tmp_path / "o.parquet", "--engine", "scripted", "--model", "scripted:echo", "--no-progress", "--recipe", recipe, check=False)
     assert p.returncode == 1 and p.stderr.startswith(f"error: {recipe}: ") and p.stderr.count("\n") == 1, p.stderr
     assert msg in p.stderr
+
+
+def test_grading_leaves_the_event_loop_free(problems, checker, monkeypatch):
+    """A chunk's answers are graded from a worker thread (``agrade_many``): meanwhile the event loop keeps
+    running, so the runner's other chunks in flight send their requests. A check that takes 0.3 s (here a
+    stand-in slowness in ``check_many``) used to stop the loop for as long."""
+    import asyncio
+    import time
+
+    from stepkit.shards import read_rows
+
+    real = type(checker).check_many
+
+    def slow(self, pairs):
+        time.sleep(0.3)
+        return real(self, pairs)
+
+    monkeypatch.setattr(type(checker), "check_many", slow)
+    # an answer no other test grades, so the checker's memo does not answer it at once
+    stage, _ = scripted_stage(lambda prompt, j, n: f"The answer is {18 + 1000 * j}7171.", checker, samples=2)
+    stage.open()
+    rows = read_rows(problems)
+
+    async def both():
+        ticks, done = [], asyncio.Event()
+
+        async def tick():
+            while not done.is_set():
+                ticks.append(time.monotonic())
+                await asyncio.sleep(0.01)
+
+        ticker = asyncio.ensure_future(tick())
+        out, counters = await stage.aprocess(rows)
+        done.set()
+        await ticker
+        return out, counters, ticks
+
+    out, counters, ticks = asyncio.run(both())
+    assert counters["samples"] == 8 and counters["correct"] == 0 and len(ticks) > 20
+    assert max(b - a for a, b in zip(ticks, ticks[1:])) < 0.2, "the loop stood still while answers were graded"

@@ -169,6 +169,10 @@ class AnswerChecker:
         """``check_many``, with None for an ungradable pair (timed out, or crashed its worker twice)."""
         return [None if self.ungradable(*k) else ok for k, ok in zip(pairs, self.check_many(pairs))]
 
+    async def agrade_many(self, pairs: list[tuple[str, str | None]]) -> list[bool | None]:
+        """``grade_many`` for a coroutine, waiting as :meth:`acheck_many` does (the event loop keeps going)."""
+        return [None if self.ungradable(*k) else ok for k, ok in zip(pairs, await self.acheck_many(pairs))]
+
     def gold_problems(self, golds: list[str]) -> dict[str, str | None]:
         """Validate gold answers before generating: gold -> one-line reason it is unusable, or None.
 

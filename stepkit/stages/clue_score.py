@@ -67,7 +67,7 @@ from stepkit.grading.actions import KINDS, READ_ONLY_TOOLS, match_turns
 from stepkit.grading.clues import claim_holds, number_value, problem_numbers, read_step
 from stepkit.grading.verdicts import VerdictParseError, parse_first_error
 from stepkit.options import Config, opt
-from stepkit.per_row import sample_parsed
+from stepkit.per_row import check_answers, check_golds, sample_parsed
 from stepkit.prompts import PromptTemplate, clue_template, render_clue_verify
 from stepkit.schema import check_steps, check_values, extend_schema
 from stepkit.stage import EngineStage, SideInput
@@ -285,8 +285,10 @@ class ClueScoreStage(EngineStage):
                                                  "(step_messages): recover its clues with `clue recover --from-actions`")
         todo = [r for r in todo if not r.get("error")]
         reads = {id(r): [read_step(s) for s in r["steps"]] for r in todo}
-        found = self._numeric_matches(todo, reads)
-        verdicts = await self._llm_verdicts(todo, counters)
+        import asyncio  # (imported where used: a command's --help loads no asyncio)
+
+        # the checker's numeric matches (from a worker thread) beside the LLM verdicts' requests
+        found, verdicts = await asyncio.gather(self._numeric_matches(todo, reads), self._llm_verdicts(todo, counters))
         for r in todo:
             if r.get("error"):
                 r.update(_SCORE_EMPTY)
@@ -325,7 +327,7 @@ class ClueScoreStage(EngineStage):
             return []
         return [k for k, v in enumerate(values) if v is not None]
 
-    def _numeric_matches(self, rows, reads) -> dict[int, dict]:
+    async def _numeric_matches(self, rows, reads) -> dict[int, dict]:
         """Per row: ``{"steps": [{number text: clue indices it equals} per step], "final": bool}`` (the
         row's final_answer is the answer clue), from one batched answer-checker call. A pair whose values
         are more than 1% apart is never sent to the checker."""
@@ -344,9 +346,10 @@ class ClueScoreStage(EngineStage):
                 pairs.append((values[last], r["final_answer"]))
                 where.append((id(r), -1, last))
         found = {id(r): {"steps": [{} for _ in r["steps"]], "final": False} for r in rows}
-        golds = self.checker.gold_problems(list({g for g, _ in pairs}))
+        golds = await check_golds(self.checker, list({g for g, _ in pairs}))
         ok_pairs = [(p, w) for p, w in zip(pairs, where) if golds[p[0]] is None]
-        for ((_, text), (rid, s, k)), ok in zip(ok_pairs, self.checker.check_many([p for p, _ in ok_pairs])):
+        oks = await check_answers(self.checker, [p for p, _ in ok_pairs])
+        for ((_, text), (rid, s, k)), ok in zip(ok_pairs, oks):
             if ok and s < 0:
                 found[rid]["final"] = True
             elif ok:

@@ -28,7 +28,7 @@ from stepkit.errors import ConfigError, InputError, RowError, parse_failure
 from stepkit.grading.answers import extract_final_answer
 from stepkit.grading.steps import check_split, split_steps
 from stepkit.options import Config, check_field, field_names, opt
-from stepkit.per_row import engine_error, sample_parsed
+from stepkit.per_row import check_golds, engine_error, sample_parsed
 from stepkit.schema import PROBLEM_FIELDS, TRAJECTORY_FIELDS, check_values
 from stepkit.shards import config_hash
 from stepkit.stage import EngineStage
@@ -246,7 +246,8 @@ class RolloutStage(EngineStage):
                                                    want=self.samples, stop_on_error=False) for p in prompts))
         results = [g.completions for g in got]
         count = getattr(self.engine, "count_tokens", None)
-        bad = self.checker.gold_problems([r["reference_answer"] for r in rows if r.get("reference_answer")])
+        # (graded from a worker thread: the event loop keeps the other chunks' requests going meanwhile)
+        bad = await check_golds(self.checker, [r["reference_answer"] for r in rows if r.get("reference_answer")])
         out, pairs, graded = [], [], []
         counters = {"samples": 0, "truncated": 0, "no_final_answer": 0, "correct": 0, "ungradable": 0}
         for r, prompt, comps in zip(rows, prompts, results):
@@ -279,7 +280,7 @@ class RolloutStage(EngineStage):
                     pairs.append((row["reference_answer"], row["final_answer"]))
                     graded.append(row)
                 out.append(row)
-        for row, ok in zip(graded, self.checker.grade_many(pairs)):
+        for row, ok in zip(graded, await self.checker.agrade_many(pairs)):
             if ok is None:  # the check timed out or crashed its worker: ungraded, not wrong
                 counters["ungradable"] += 1
                 continue
