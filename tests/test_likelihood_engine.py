@@ -17,6 +17,22 @@ from tests.conftest import run_cli as run
 
 pytestmark = pytest.mark.engine
 
+# Two scorings of one text agree to the bf16 rounding of the batch each was computed in (vLLM's CPU kernels
+# round differently for another batch; an offline batch is queued whole, so one run is reproducible, but a
+# cached prefix was computed in an earlier batch and a server batches requests as they arrive). Measured on
+# these 18 values (2026-12-07): cached vs uncached at most 0.16 nats (mean 0.058), offline vs server at most
+# 0.19. Reading a span one token off (or without its first token) moves each of these values by 0.27 nats
+# at least (median 0.43, a transformers forward pass), so the mean catches a position error, the maximum a
+# broken value.
+MAX_NATS, MEAN_NATS = 0.5, 0.15
+
+
+def agree(a: list[dict], b: list[dict]) -> tuple[float, float]:
+    """``(largest, mean)`` absolute difference of the rows' ``lh_value_start`` and ``lh_value`` entries."""
+    diffs = [abs(u - v) for x, y in zip(a, b, strict=True)
+             for u, v in zip([x["lh_value_start"], *x["lh_value"]], [y["lh_value_start"], *y["lh_value"]], strict=True)]
+    return max(diffs), sum(diffs) / len(diffs)
+
 
 @pytest.fixture(scope="session")
 def pb(tmp_path_factory):
@@ -76,13 +92,12 @@ def test_openai_server_gives_the_same_values(pb, offline, vllm_server_url, tmp_p
     run("likelihood-label", pb, served, "--engine", "openai", "--model", "smollm2-135m", "--base-url",
         vllm_server_url, "--no-progress")
     a, b = pq.read_table(out).to_pylist(), pq.read_table(served).to_pylist()
-    worst = 0.0
     for x, y in zip(a, b):
-        for u, v in zip([x["lh_value_start"], *x["lh_value"]], [y["lh_value_start"], *y["lh_value"]]):
-            worst = max(worst, abs(u - v))
         assert x["lh_scored_tokens"] == y["lh_scored_tokens"] and x["lh_answer_tokens"] == y["lh_answer_tokens"]
-    print(f"\nlargest |vllm - openai| over {sum(len(x['lh_value']) + 1 for x in a)} values: {worst:.2e} nats")
-    assert worst <= 1e-3
+    worst, mean = agree(a, b)
+    print(f"\n|vllm - openai| over {sum(len(x['lh_value']) + 1 for x in a)} values: largest {worst:.2e}, mean "
+          f"{mean:.2e} nats")
+    assert worst <= MAX_NATS and mean <= MEAN_NATS
 
 
 def test_stats_say_what_the_bundled_model_cannot_do(offline):
@@ -118,7 +133,8 @@ def test_implicit_prm_with_the_model_as_its_own_reference(pb, tmp_path):
 @pytest.mark.other_engine
 def test_reading_the_prefix_cache_changes_no_value(pb, offline, tmp_path):
     """The offline engine reads the prefix cache for scoring (only positions after the cached prefix are kept);
-    with prefix caching off every text is prefilled whole. The values agree to bf16 noise on these rows."""
+    with prefix caching off every text is prefilled whole. The values agree to the batches' bf16 rounding
+    (``MAX_NATS``, ``MEAN_NATS``)."""
     out, _ = offline
     plain = tmp_path / "plain.parquet"
     # --max-model-len 4096: the engine of test_agent_engine's 4,096-token judge (one load for both)
@@ -126,7 +142,6 @@ def test_reading_the_prefix_cache_changes_no_value(pb, offline, tmp_path):
         "--no-progress")
     a, b = pq.read_table(out).to_pylist(), pq.read_table(plain).to_pylist()
     assert read_manifest(out)["counts"]["cached_tokens"] > 0 == read_manifest(plain)["counts"]["cached_tokens"]
-    worst = max(abs(u - v) for x, y in zip(a, b)
-                for u, v in zip([x["lh_value_start"], *x["lh_value"]], [y["lh_value_start"], *y["lh_value"]]))
-    print(f"\nlargest |cached - uncached|: {worst:.2e} nats")
-    assert worst <= 1e-3
+    worst, mean = agree(a, b)
+    print(f"\n|cached - uncached|: largest {worst:.2e}, mean {mean:.2e} nats")
+    assert worst <= MAX_NATS and mean <= MEAN_NATS

@@ -279,6 +279,28 @@ class VLLMEngine(Engine):
                 owners.append(i)
         return prompts, params, owners, results
 
+    def _all_at_once(self, prompts: list, params) -> list:
+        """``LLM.generate(prompts, params)`` with every request queued before the engine schedules any: the
+        engine core (a process of its own) starts a step as soon as the first request reaches it, so the
+        batches, and with them the bf16 rounding of every value, depended on when the others arrived
+        (likelihood values of one text varied by up to 0.38 nats between two identical runs on CPU; one text
+        alone, or a batch queued whole, gives the same values every run). So, as vLLM documents for
+        ``LLM.enqueue``: scheduling paused (``sleep(level=0)``), the requests queued, scheduling resumed
+        (``wake_up(["scheduling"])``), then ``wait_for_completion``. Outputs in finishing order (callers put
+        them in sent order). Call it under ``_engine_lock`` with nothing submitted in flight."""
+        if not prompts:
+            return []
+        llm = self.llm
+        llm.sleep(level=0, mode="keep")
+        try:
+            llm.enqueue(prompts, params, use_tqdm=False)
+        except BaseException:
+            llm.wake_up(tags=["scheduling"])
+            llm.wait_for_completion(use_tqdm=False)  # what was queued before the failure: not left behind
+            raise
+        llm.wake_up(tags=["scheduling"])
+        return llm.wait_for_completion(use_tqdm=False)
+
     def _collect(self, out, into: list[Completion]) -> int:
         """Append the completions of one finished vLLM ``RequestOutput`` to ``into``; count its tokens."""
         generated = 0
@@ -313,12 +335,12 @@ class VLLMEngine(Engine):
         requests = self.check_requests(requests)
         if not requests:
             return []
-        llm = self.llm  # raises StepkitError once closed
+        _ = self.llm  # raises StepkitError once closed
         prompts, params, owners, results = self._plan(requests, sampling)
         with self._engine_lock:
             if self._pending:
                 raise StepkitError("vllm engine: generate() while submitted requests are running")
-            outputs = llm.generate(prompts, params, use_tqdm=False) if prompts else []
+            outputs = self._all_at_once(prompts, params)
         outputs = in_sent_order(outputs, prompts, lambda o: o.prompt)
         for owner, out in zip(owners, outputs):
             self._collect(out, results[owner])
@@ -390,13 +412,12 @@ class VLLMEngine(Engine):
 
         if not token_ids:
             return []
-        llm = self.llm
         params = SamplingParams(max_tokens=1, temperature=0, prompt_logprobs=0, detokenize=False,
                                 skip_reading_prefix_cache=not cache)
         with self._engine_lock:
             if self._pending:
                 raise StepkitError("vllm engine: score() while submitted requests are running")
-            outputs = llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in token_ids], params, use_tqdm=False)
+            outputs = self._all_at_once([TokensPrompt(prompt_token_ids=ids) for ids in token_ids], params)
         return in_sent_order(outputs, [list(ids) for ids in token_ids], lambda o: list(o.prompt_token_ids or ()))
 
     # -- asynchronous requests: one engine loop, continuous batching ------------------------------
