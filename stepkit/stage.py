@@ -156,6 +156,15 @@ class Stage:
             raise NotImplementedError(f"{self.name}: an asynchronous stage writes aprocess")
         return self.process(rows)
 
+    def refusal(self, counters: dict[str, int]) -> Exception | None:
+        """A whole-run check made as each chunk is about to commit: ``counters`` sums the counters of this
+        run's chunks of the shard committed so far and this chunk's, in commit order (so several chunks in
+        flight see what one chunk at a time would); a returned error (a StepkitError: one line) stops the
+        run before this chunk commits, the chunks committed before it kept. Counters whose names start with
+        ``_`` are this check's bookkeeping: summed and handed here, never committed, shown or written to the
+        manifest. Default: none."""
+        return None
+
     def provenance(self) -> dict[str, Any]:
         """Extra manifest fields known after loading (engine and library versions)."""
         return {}

@@ -149,9 +149,10 @@ def test_whitespace_only_is_empty_as_in_rollout(checker):
 @pytest.mark.parametrize("mode", ["exhaustive", "binary"])
 def test_mostly_empty_run_is_refused_with_one_line(checker, mode):
     stage = mc_stage(lambda p, j, n: "" if j else RIGHT, checker, mode=mode)  # 3 of 4 empty
-    with pytest.raises(StepkitError) as e:
-        stage.process([make_row(3, False)])
-    msg = str(e.value)
+    _, counters = stage.process([make_row(3, False)])
+    refused = stage.refusal(counters)  # (what the runner asks as the chunk is about to commit)
+    assert isinstance(refused, StepkitError)
+    msg = str(refused)
     assert "\n" not in msg and msg.startswith("mc-label: ") and "(75%) stopped at once with no text" in msg
     assert "chat template closes the assistant turn" in msg and "ends its turn at the prefix" in msg
 
@@ -198,11 +199,11 @@ def test_a_template_that_closes_the_turn_is_refused(checker, cases):
     stage = MCLabelStage(MCLabelConfig(continuations=2), EngineSpec.of(engine), SamplingConfig(max_tokens=64),
                          lambda: checker)
     stage.open()
-    with pytest.raises(StepkitError, match="chat template closes the assistant turn"):
-        stage.process([make_row(3, True)])
+    _, counters = stage.process([make_row(3, True)])
+    assert "chat template closes the assistant turn" in str(stage.refusal(counters))
     good = mc_stage(model, checker, k=2)  # the same model with stepkit's rendering: nothing empty
     (row,), counters = good.process([make_row(3, True)])
-    assert counters["empty"] == 0 and row["mc_value"] == [1.0, 1.0, 1.0]
+    assert counters["empty"] == 0 and row["mc_value"] == [1.0, 1.0, 1.0] and good.refusal(counters) is None
 
 
 # --- the commands: manifest, one warning per run, refusal, stats ------------------------------------------

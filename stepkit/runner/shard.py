@@ -186,6 +186,7 @@ def _run_shard(stage: Stage, plan: ShardPlan, opts: RunOptions, console, report,
         report(done_rows, 0)
         stage.start_shard(shard)
         progress = {"rows": done_rows}
+        run_counts: dict[str, int] = {}  # this run's chunks of the shard, in commit order (Stage.refusal)
 
         def start(i: int, rows: list[dict]) -> list:
             _log(parts, event="chunk_start", chunk=i)
@@ -197,6 +198,11 @@ def _run_shard(stage: Stage, plan: ShardPlan, opts: RunOptions, console, report,
 
         def finish(i: int, rows: list[dict], before: list, result: tuple) -> None:
             out_rows, counters, *side = result
+            so_far = {k: run_counts.get(k, 0) + counters.get(k, 0) for k in {*run_counts, *counters}}
+            if (refused := stage.refusal(so_far)) is not None:
+                raise refused  # (this chunk and the ones after it are not committed)
+            run_counts.update(so_far)
+            counters = {k: v for k, v in counters.items() if not k.startswith("_")}
             side_rows = side[0] if side else {}
             if stage.one_to_one and len(out_rows) != len(rows):
                 raise StepkitError(f"{stage.name}: internal error, chunk {i} returned {len(out_rows)} rows for {len(rows)}")

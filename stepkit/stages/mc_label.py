@@ -38,7 +38,8 @@ Checks on the continuations themselves (:mod:`stepkit.per_row`, shared with ``mc
   copies of few samples (an engine that ignores per-request seeds with n > 1, temperature 0, ...).
 * a run where more than half of the continuations are empty is refused with one line
   (:func:`stepkit.per_row.empty_refusal`: the chat template closes the assistant turn, or the model ends
-  its turn at the prefix), checked after every chunk over the continuations this process sampled.
+  its turn at the prefix), checked as each chunk commits over this run's continuations up to that chunk
+  (:meth:`MCLabelStage.refusal`, in commit order whatever the chunks in flight).
 
 Modes:
 
@@ -238,7 +239,6 @@ class MCLabelStage(LabelerStage):
                  template: PromptTemplate = CONTINUATION):
         super().__init__(cfg, engine, sampling, checker_factory)
         self.k, self.mode, self.template = cfg.continuations, cfg.mode, template
-        self._sampled = {"empty": 0, "total": 0}  # this process's continuations, for the empty refusal
 
     # -- runner interface -------------------------------------------------------------------------
     def config(self) -> dict[str, Any]:
@@ -256,9 +256,7 @@ class MCLabelStage(LabelerStage):
         empty, successes, prefixes_estimated, no_signal, ungraded, and
         :class:`~stepkit.per_row.ContinuationTally`'s).
 
-        Raises:
-            StepkitError: more than half of the continuations sampled so far were empty
-                (:func:`~stepkit.per_row.empty_refusal`); the chunk is not committed.
+        The empty refusal is :meth:`refusal`, as each chunk commits.
         """
         out, todo, counters = self._screen(rows)
         todo, est = self._with_golds(todo, await check_golds(self.checker, [r["reference_answer"] for r in todo]))
@@ -273,7 +271,8 @@ class MCLabelStage(LabelerStage):
         keep an error or the ``ungraded`` status), the rows to label (gold answers not yet checked), the
         chunk's counters."""
         counters = {"continuations": 0, "truncated": 0, "empty": 0, "successes": 0, "prefixes_estimated": 0,
-                    "no_signal": 0, "ungraded": 0, **dict.fromkeys(ContinuationTally.NAMES, 0)}
+                    "no_signal": 0, "ungraded": 0, **dict.fromkeys(ContinuationTally.NAMES, 0),
+                    "_sampled": 0}  # (continuations that are not error completions: the empty refusal's total)
         todo = []
         out = []
         for row in rows:
@@ -302,9 +301,7 @@ class MCLabelStage(LabelerStage):
         return todo, est
 
     def _labelled(self, out, todo, est, counters):
-        """The chunk's result once its continuations are in: the empty refusal, then each row's labels."""
-        if refused := empty_refusal(self.name, self._sampled["empty"], self._sampled["total"]):
-            raise refused
+        """The chunk's result once its continuations are in: each row's labels."""
         for r in todo:
             if r.get("error"):
                 continue
@@ -375,6 +372,11 @@ class MCLabelStage(LabelerStage):
 
         await asyncio.gather(*(coro for r in rows for coro in (start(r), search(r))))
 
+    def refusal(self, counters: dict[str, int]):
+        """The empty refusal (:func:`~stepkit.per_row.empty_refusal`) over this run's continuations up to the
+        chunk about to commit: more than half of them empty stops the run before that chunk commits."""
+        return empty_refusal(self.name, counters.get("empty", 0), counters.get("_sampled", 0))
+
     def run_warnings(self, counters: dict[str, int]) -> list[str]:
         """The distinct-share warning of a run (:func:`~stepkit.per_row.distinct_warning`), if any."""
         w = distinct_warning(self.name, counters, self.sampling.temperature)
@@ -408,11 +410,10 @@ class MCLabelStage(LabelerStage):
                 if c.finish_reason == "error":
                     r["error"] = engine_error(self.name, c)
                     continue
-                self._sampled["total"] += 1
+                counters["_sampled"] += 1
                 if c.empty:  # as rollout's "empty completion": no answer to grade, never a wrong one
                     e.empty += 1
                     counters["empty"] += 1
-                    self._sampled["empty"] += 1
                     continue
                 texts.append(c.text)
                 if c.truncated:

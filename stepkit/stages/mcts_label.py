@@ -213,7 +213,11 @@ class MCTSLabelStage(EngineStage):
                  template: PromptTemplate = CONTINUATION, generator: str | None = None):
         super().__init__(cfg, engine, sampling, checker_factory)
         self.template, self.generator = template, generator or engine.model
-        self._sampled = {"empty": 0, "total": 0}  # this process's continuations, for the empty refusal
+
+    def refusal(self, counters: dict[str, int]):
+        """The empty refusal (:func:`~stepkit.per_row.empty_refusal`) over this run's sampled rollouts up to
+        the chunk about to commit: more than half of them empty stops the run before that chunk commits."""
+        return empty_refusal(self.name, counters.get("empty", 0), counters.get("_sampled", 0))
 
     def run_warnings(self, counters: dict[str, int]) -> list[str]:
         """The distinct-share warning of a run (:func:`~stepkit.per_row.distinct_warning`), if any."""
@@ -264,9 +268,7 @@ class MCTSLabelStage(EngineStage):
         """Search every problem of the chunk concurrently; return its trajectory rows, counters and the
         tree / pair rows (``process`` runs it on an event loop of its own).
 
-        Raises:
-            StepkitError: more than half of the rollouts sampled so far were empty
-                (:func:`~stepkit.per_row.empty_refusal`); the chunk is not committed.
+        The empty refusal is :meth:`refusal`, as each chunk commits.
         """
         groups: dict[str, list[dict]] = {}
         for r in rows:
@@ -274,16 +276,16 @@ class MCTSLabelStage(EngineStage):
         golds = {g[0].get("reference_answer") for g in groups.values() if g[0].get("reference_answer")}
         bad = await check_golds(self.checker, sorted(golds)) if golds else {}
         results = await self._search_all(list(groups.values()), bad)
-        if refused := empty_refusal(self.name, self._sampled["empty"], self._sampled["total"]):
-            raise refused
         counters = {"problems": len(groups), "continuations": 0, "filter_continuations": 0, "selections": 0,
                     "nodes": 0, "pairs": 0, "budget_stops": 0, "truncated": 0, "empty": 0,
                     **dict.fromkeys(ContinuationTally.NAMES, 0),
-                    **{f"problems_{s}": 0 for s in ("ok", "all_correct", "all_wrong", "no_signal", "error")}}
+                    **{f"problems_{s}": 0 for s in ("ok", "all_correct", "all_wrong", "no_signal", "error")},
+                    "_sampled": 0}  # (the rollouts the trees recorded: the empty refusal's total)
         out, tree_rows, pair_rows = [], [], []
         for group, (tree, status, error) in zip(groups.values(), results):
             counters["continuations"] += tree.continuations if tree else 0
             counters["empty"] += tree.empty if tree else 0
+            counters["_sampled"] += tree.sampled if tree else 0
             counters[f"problems_{status or 'error'}"] += 1
             if error is not None:
                 out += self._error_rows(group, error)
@@ -354,9 +356,6 @@ class MCTSLabelStage(EngineStage):
             status = await tree.search(seed_rollouts)
         except _EngineRowError as e:
             return tree, None, f"engine: {e}"
-        finally:  # the rollouts the tree recorded, for the empty refusal
-            self._sampled["total"] += tree.sampled
-            self._sampled["empty"] += tree.empty
         return tree, status, None
 
     def _outputs(self, group: list[dict], tree: Tree, status: str):
