@@ -83,7 +83,7 @@ class Sampled:
 async def sample_parsed(engine, prompt: str, sampling: SamplingConfig, parse: Callable[[Completion], Any],
                         stage: str, want: int = 1, retries: int = 0,
                         parse_errors: tuple[type[Exception], ...] = (ValueError,),
-                        stop_on_error: bool = True) -> Sampled:
+                        stop_on_error: bool = True, seed_index: int | None = None) -> Sampled:
     """Sample replies to ``prompt`` until ``want`` parse, in at most ``1 + retries`` rounds.
 
     Round ``k`` asks for the ``want - len(parsed)`` replies still missing in one request (``n`` of them, so a
@@ -104,6 +104,8 @@ async def sample_parsed(engine, prompt: str, sampling: SamplingConfig, parse: Ca
         retries: extra rounds for replies that failed to parse.
         parse_errors: the exceptions that mean "did not parse".
         stop_on_error: stop at the first error completion (else read the rest of its round).
+        seed_index: the request's :attr:`~stepkit.engines.base.Request.seed_index` (None: the engine's own
+            numbering).
 
     Returns:
         A :class:`Sampled`.
@@ -116,7 +118,7 @@ async def sample_parsed(engine, prompt: str, sampling: SamplingConfig, parse: Ca
             break
         shifted = sampling if attempt == 0 else dataclasses.replace(
             sampling, seed=sampling.seed + attempt * RETRY_SEED_STRIDE)
-        for c in await engine.agenerate(Request(prompt, missing), shifted):
+        for c in await engine.agenerate(Request(prompt, missing, seed_index), shifted):
             out.received += 1
             out.completions.append(c)
             if c.finish_reason == "error":

@@ -78,10 +78,17 @@ class SamplingConfig(Config):
 
 @dataclass(frozen=True)
 class Request:
-    """One prompt to continue ``n`` times. ``prompt`` is rendered text, generation continues it."""
+    """One prompt to continue ``n`` times. ``prompt`` is rendered text, generation continues it.
+
+    ``seed_index``: the request's number for an engine that seeds each request (vLLM on GPU, a server with
+    per-request seeds): it sends ``sampling.seed + seed_index``, so the samples do not depend on when the
+    request was sent. None: the engine numbers requests as they come (position in a ``generate`` call, or
+    its running count of submitted requests, which depends on what was submitted before).
+    """
 
     prompt: str
     n: int = 1
+    seed_index: int | None = None
 
 
 @dataclass(frozen=True)

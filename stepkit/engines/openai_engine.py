@@ -290,16 +290,14 @@ class OpenAIEngine(Engine):
         if not requests:
             return []
         greedy = sampling.temperature == 0
-        jobs: list[tuple[int, str, int]] = []  # (owner request index, prompt, n)
+        jobs: list[tuple[int, str, int, int]] = []  # (owner request index, prompt, n, seed index)
         for i, r in enumerate(requests):
-            if greedy:
-                jobs.extend((i, r.prompt, 1) for _ in range(r.n))
-            else:
-                jobs.append((i, r.prompt, r.n))
+            for k in range(r.n if greedy else 1):
+                jobs.append((i, r.prompt, 1 if greedy else r.n, len(jobs) if r.seed_index is None else r.seed_index + k))
         with self._lock:
             outputs = self._run(self._generate_all(jobs, sampling))
         results: list[list[Completion]] = [[] for _ in requests]
-        for (owner, _, _), completions in zip(jobs, outputs):
+        for (owner, *_), completions in zip(jobs, outputs):
             results[owner].extend(completions)
         for request, completions in zip(requests, results):
             if len(completions) != request.n:  # pragma: no cover - sample_n guarantees n
@@ -319,6 +317,7 @@ class OpenAIEngine(Engine):
         jobs = [(request.prompt, 1)] * request.n if sampling.temperature == 0 else [(request.prompt, request.n)]
         with self._lock_loop:
             first, self._submitted = self._submitted, self._submitted + len(jobs)
+        first = first if request.seed_index is None else request.seed_index
 
         async def run() -> list[Completion]:
             import asyncio  # (imported where used: a command's --help loads no asyncio)
@@ -358,7 +357,7 @@ class OpenAIEngine(Engine):
 
     async def _generate_all(self, jobs, sampling: SamplingConfig) -> list[list[Completion]]:
         return await _all_or_first_failure([self._one_job(index, prompt, n, sampling)
-                                            for index, (_, prompt, n) in enumerate(jobs)])
+                                            for _, prompt, n, index in jobs])
 
     async def _one_job(self, index: int, prompt: str, n: int, sampling: SamplingConfig) -> list[Completion]:
         """The ``n`` completions of HTTP job ``index`` (its per-request seed is ``sampling.seed + index``)."""

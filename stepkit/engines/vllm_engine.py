@@ -267,14 +267,15 @@ class VLLMEngine(Engine):
                 continue
             budget = dataclasses.replace(sampling, max_tokens=min(sampling.max_tokens, room))
             copies, n = (r.n, 1) if greedy or apart else (1, r.n)
-            for _ in range(copies):
+            for copy in range(copies):
                 if self.on_cpu:  # no per-request seeds on CPU: one SamplingParams per (n, budget)
                     key = (n, budget.max_tokens)
                     if key not in by_key:
                         by_key[key] = self.sampling_params(budget, n=n)
                     params.append(by_key[key])
                 else:
-                    params.append(self.sampling_params(budget, n=n, index=first_index + len(prompts)))
+                    index = first_index + len(prompts) if r.seed_index is None else r.seed_index + copy
+                    params.append(self.sampling_params(budget, n=n, index=index))
                 prompts.append(r.prompt)
                 owners.append(i)
         return prompts, params, owners, results

@@ -389,12 +389,15 @@ class MCLabelStage(LabelerStage):
     async def _estimate_all(self, wanted: list[tuple[dict, int]], est, counters) -> None:
         """Exhaustive mode: K continuations of each (row, prefix length), every request submitted at once
         (one request of K per prefix, :func:`~stepkit.per_row.sample_parsed` with no retry and every
-        completion kept), then graded together and recorded in ``est``."""
+        completion kept), then graded together and recorded in ``est``. Request ``k`` of the chunk has
+        ``seed_index`` k (an engine with per-request seeds sends ``seed + k``, as for request k of one engine
+        call), so its samples do not depend on the chunks in flight nor on a resume."""
         import asyncio  # (imported where used: a command's --help loads no asyncio)
 
         got = await asyncio.gather(*(sample_parsed(self.engine, self._request(r, i).prompt, self.sampling,
-                                                    lambda c: c, self.name, want=self.k, stop_on_error=False)
-                                      for r, i in wanted))
+                                                    lambda c: c, self.name, want=self.k, stop_on_error=False,
+                                                    seed_index=k)
+                                      for k, (r, i) in enumerate(wanted)))
         where, pairs = self._tally(wanted, [g.completions for g in got], est, counters)
         self._credit(where, await check_answers(self.checker, pairs), counters)
 
