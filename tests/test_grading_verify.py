@@ -431,3 +431,31 @@ def test_math_verify_chops_tiny_differences_stepkit_does_not():
 )
 def test_mixed_exact_and_decimal_values(gold, pred, expected):
     assert verify_answer(gold, pred) is expected
+
+
+def test_a_check_asked_before_close_does_not_start_a_new_pool():
+    """A run stopped by Ctrl-C closes its checker while worker threads still wait to check the last answers
+    (``acheck_many`` from the stopped chunks): such a check raises instead of starting a pool of worker
+    processes that nothing would close (a breaking helper saw 2 processes alive 10 s after the run)."""
+    from stepkit.errors import StepkitError
+
+    checker = AnswerChecker(workers=1)
+    assert checker.check_many([("1", "1")]) == [True]  # the pool is up
+    got: list = []
+    checker._lock.acquire()  # another batch is being checked: the next one waits for the lock
+
+    def waiting() -> None:
+        try:
+            got.append(checker.check_many([("2", "3")]))
+        except StepkitError as e:
+            got.append(e)
+
+    t = threading.Thread(target=waiting)
+    t.start()
+    checker.close()  # the run stops
+    checker._lock.release()
+    t.join(30)
+    assert isinstance(got[0], StepkitError) and "closed" in str(got[0])
+    assert checker._pool is None
+    assert checker.check_many([("2", "2")]) == [True]  # asked for after close: a new pool, as before
+    checker.close()

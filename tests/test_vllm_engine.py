@@ -203,7 +203,7 @@ def test_a_batch_scores_the_same_however_slowly_its_requests_reach_the_engine(en
     """Scores depend on the batch a text is computed in (bf16 rounding of CPU kernels). The engine core, a
     process of its own, starts a step as soon as a request reaches it, so a batch's composition depended on
     when each request arrived: two identical likelihood-label runs differed by up to 0.38 nats. A batch is
-    now queued whole before scheduling resumes (``VLLMEngine._all_at_once``): requests that reach the
+    now queued whole before scheduling resumes (``vllm_load.generate_whole``): requests that reach the
     engine 50 ms apart give the same values, to the last bit, as requests sent at once."""
     import json
     import time

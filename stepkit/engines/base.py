@@ -31,6 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from stepkit.aio import awaitable
 from stepkit.errors import ConfigError, StepkitError
 from stepkit.options import Config, check_field, identity, opt
 
@@ -332,9 +333,7 @@ class Engine:
     async def agenerate(self, request: Request, sampling: SamplingConfig) -> list[Completion]:
         """``await engine.agenerate(request, sampling)``: :meth:`submit` for coroutines (one per row or
         problem, gathered by the stage; the model is datatrove's ``rollout_fn(document, generate)``)."""
-        import asyncio  # (imported where used: a command's --help loads no asyncio)
-
-        return await asyncio.wrap_future(self.submit(request, sampling))
+        return await awaitable(self.submit(request, sampling))
 
     def submit_each(self, request: Request, sampling: SamplingConfig) -> list[concurrent.futures.Future]:
         """Start one request; return one future per sample (``request.n`` of them, in sample order), each
@@ -365,9 +364,7 @@ class Engine:
     def agenerate_each(self, request: Request, sampling: SamplingConfig) -> list:
         """:meth:`submit_each` for coroutines: ``request.n`` awaitables (asyncio futures of this thread's
         running loop), each giving one :class:`Completion`, in sample order."""
-        import asyncio  # (imported where used: a command's --help loads no asyncio)
-
-        return [asyncio.wrap_future(f) for f in self.submit_each(request, sampling)]
+        return [awaitable(f) for f in self.submit_each(request, sampling)]
 
     @staticmethod
     def check_requests(requests) -> list[Request]:

@@ -61,7 +61,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from stepkit.engines.base import Completion, Engine, Request, SamplingConfig, actual_token_logprobs
-from stepkit.engines.vllm_load import ChildOutput, check_cpu_memory, first_line, in_sent_order, on_cpu, root_cause
+from stepkit.engines.vllm_load import (
+    ChildOutput,
+    check_cpu_memory,
+    first_line,
+    generate_whole,
+    in_sent_order,
+    on_cpu,
+    root_cause,
+)
 from stepkit.engines.vllm_load import verbose as load_verbose
 from stepkit.errors import ConfigError, StepkitError
 from stepkit.models import resolve_model
@@ -280,28 +288,6 @@ class VLLMEngine(Engine):
                 owners.append(i)
         return prompts, params, owners, results
 
-    def _all_at_once(self, prompts: list, params) -> list:
-        """``LLM.generate(prompts, params)`` with every request queued before the engine schedules any: the
-        engine core (a process of its own) starts a step as soon as the first request reaches it, so the
-        batches, and with them the bf16 rounding of every value, depended on when the others arrived
-        (likelihood values of one text varied by up to 0.38 nats between two identical runs on CPU; one text
-        alone, or a batch queued whole, gives the same values every run). So, as vLLM documents for
-        ``LLM.enqueue``: scheduling paused (``sleep(level=0)``), the requests queued, scheduling resumed
-        (``wake_up(["scheduling"])``), then ``wait_for_completion``. Outputs in finishing order (callers put
-        them in sent order). Call it under ``_engine_lock`` with nothing submitted in flight."""
-        if not prompts:
-            return []
-        llm = self.llm
-        llm.sleep(level=0, mode="keep")
-        try:
-            llm.enqueue(prompts, params, use_tqdm=False)
-        except BaseException:
-            llm.wake_up(tags=["scheduling"])
-            llm.wait_for_completion(use_tqdm=False)  # what was queued before the failure: not left behind
-            raise
-        llm.wake_up(tags=["scheduling"])
-        return llm.wait_for_completion(use_tqdm=False)
-
     def _collect(self, out, into: list[Completion]) -> int:
         """Append the completions of one finished vLLM ``RequestOutput`` to ``into``; count its tokens."""
         generated = 0
@@ -341,7 +327,7 @@ class VLLMEngine(Engine):
         with self._engine_lock:
             if self._pending:
                 raise StepkitError("vllm engine: generate() while submitted requests are running")
-            outputs = self._all_at_once(prompts, params)
+            outputs = generate_whole(self.llm, prompts, params)
         outputs = in_sent_order(outputs, prompts, lambda o: o.prompt)
         for owner, out in zip(owners, outputs):
             self._collect(out, results[owner])
@@ -418,7 +404,8 @@ class VLLMEngine(Engine):
         with self._engine_lock:
             if self._pending:
                 raise StepkitError("vllm engine: score() while submitted requests are running")
-            outputs = self._all_at_once([TokensPrompt(prompt_token_ids=ids) for ids in token_ids], params)
+            prompts = [TokensPrompt(prompt_token_ids=ids) for ids in token_ids]
+            outputs = generate_whole(self.llm, prompts, params)
         return in_sent_order(outputs, [list(ids) for ids in token_ids], lambda o: list(o.prompt_token_ids or ()))
 
     # -- asynchronous requests: one engine loop, continuous batching ------------------------------

@@ -13,6 +13,9 @@ Two things here turn that into one line:
   process's stderr goes into a pipe; on failure its root cause (the last ``SomeError: message`` line) is
   taken into the error, on success what was held is written out and everything later goes through as
   before. ``stepkit --verbose`` (``VLLM_LOGGING_LEVEL`` INFO/DEBUG) skips the capture: the whole log shows.
+
+Beside them, two helpers of a blocking batch: :func:`generate_whole` (a batch queued whole, so its values
+do not depend on timing) and :func:`in_sent_order` (its outputs matched to what was sent).
 """
 
 from __future__ import annotations
@@ -217,3 +220,25 @@ def in_sent_order(outputs: list, sent: list, sent_of) -> list:
         if sent_of(out) != what:
             raise StepkitError(f"vllm returned, for prompt {k} of a call, the output of another prompt")
     return ordered
+
+
+def generate_whole(llm, prompts: list, params) -> list:
+    """``llm.generate(prompts, params)`` (a ``vllm.LLM``) with every request queued before the engine schedules
+    any. The engine core, a process of its own, starts a step as soon as the first request reaches it, so a
+    batch's composition, and with it the bf16 rounding of every value, depended on when the others arrived
+    (likelihood values of one text varied by up to 0.38 nats between two identical runs on CPU; one text
+    alone, or a batch queued whole, gives the same values every run). So, as vLLM documents for
+    ``LLM.enqueue``: scheduling paused (``sleep(level=0)``), the requests queued, scheduling resumed
+    (``wake_up(["scheduling"])``), then ``wait_for_completion``. Outputs in finishing order (callers put them
+    in sent order with :func:`in_sent_order`); nothing else may be running on ``llm`` meanwhile."""
+    if not prompts:
+        return []
+    llm.sleep(level=0, mode="keep")
+    try:
+        llm.enqueue(prompts, params, use_tqdm=False)
+    except BaseException:
+        llm.wake_up(tags=["scheduling"])
+        llm.wait_for_completion(use_tqdm=False)  # what was queued before the failure: not left behind
+        raise
+    llm.wake_up(tags=["scheduling"])
+    return llm.wait_for_completion(use_tqdm=False)

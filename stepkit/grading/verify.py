@@ -127,6 +127,7 @@ class AnswerChecker:
         self._gold_cache: dict[str, str | None] = {}
         self._pool: ProcessPoolExecutor | None = None
         self._lock = threading.Lock()  # one batch at a time when called from several threads
+        self._closes = 0  # close() calls so far: a check asked for before the last one is abandoned
 
     def settings(self) -> dict:
         """``checker_settings()`` of this checker plus its timeout and worker count."""
@@ -143,11 +144,12 @@ class AnswerChecker:
     def check_many(self, pairs: list[tuple[str, str | None]]) -> list[bool]:
         """Check (gold, extracted prediction) pairs; a None prediction is False. Order is kept."""
         keys = [(gold, pred) for gold, pred in pairs]
+        asked = self._closes
         with self._lock:
             todo = list(dict.fromkeys(k for k in keys if k[1] is not None and k not in self._cache))
             if todo:
                 self._run(todo, self._submit_pair, self._cache, timed_out=False, crashed=False,
-                          failed=self._ungradable)
+                          failed=self._ungradable, asked=asked)
             return [pred is not None and self._cache[(gold, pred)] for gold, pred in keys]
 
     async def acheck_many(self, pairs: list[tuple[str, str | None]]) -> list[bool]:
@@ -184,6 +186,7 @@ class AnswerChecker:
         Raises:
             StepkitError: the pool cannot start.
         """
+        asked = self._closes
         with self._lock:
             todo = list(dict.fromkeys(g for g in golds if g not in self._gold_cache))
             if todo:
@@ -193,6 +196,7 @@ class AnswerChecker:
                     self._gold_cache,
                     timed_out=f"parsing it took longer than the {self.timeout:g} s answer-check timeout",
                     crashed="parsing it crashed the answer-check worker",
+                    asked=asked,
                 )
             return {g: self._gold_cache[g] for g in golds}
 
@@ -211,8 +215,13 @@ class AnswerChecker:
     def _submit_gold(self, pool: ProcessPoolExecutor, gold: str) -> Future:
         return pool.submit(_check_gold, gold)
 
-    def _run(self, keys: list, submit, cache: dict, timed_out, crashed, failed: set | None = None) -> None:
+    def _run(self, keys: list, submit, cache: dict, timed_out, crashed, failed: set | None = None,
+             asked: int | None = None) -> None:
         """Run ``submit(pool, key)`` for each key, storing results in ``cache``.
+
+        ``asked``: the checker's count of ``close()`` calls when the check was asked for; a check the checker
+        was closed after (a run stopped while worker threads still waited to check its answers) raises
+        StepkitError instead of starting a new pool that nothing would close.
 
         A key running past ``timeout`` gets ``timed_out`` (counted in ``timeouts``; the pool is rebuilt).
         A key whose worker dies is retried once, alone on the pool; dying twice gives ``crashed`` (counted in ``crashes``), or
@@ -224,6 +233,8 @@ class AnswerChecker:
         died: set = set()
         try:
             while queue or running:
+                if asked is not None and asked != self._closes:
+                    raise StepkitError("the answer checker was closed while this check waited (the run stopped)")
                 pool = self._get_pool()
                 # A key whose worker died runs again alone: a pool breaks as a whole, so a key that kills
                 # its worker must not take the other keys in flight down with it a second time.
@@ -302,7 +313,9 @@ class AnswerChecker:
             manager.join(5)
 
     def close(self) -> None:
-        """Stop the worker processes (a later check starts new ones)."""
+        """Stop the worker processes (a check asked for later starts new ones; one asked for before and still
+        waiting raises StepkitError instead)."""
+        self._closes += 1
         pool, self._pool = self._pool, None
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
