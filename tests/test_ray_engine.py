@@ -56,29 +56,33 @@ def test_mc_label_on_ray_builds_the_engine_once_in_its_actor(ray_cluster, tmp_pa
         assert m["counts"]["continuations"] == sum(2 * len(r["steps"]) for r in rows)
         assert m["run"]["chunks_this_run"] == 2 and m["run"]["tokens_this_run"] > 0
     # one actor with the 2 CPUs ran both shards (the scripted tests' actors took 1 CPU each), then was killed
-    actor = _actor_with(cpus=2.0)
+    actor = _actor_with(ray_cluster, cpus=2.0)
     assert actor.pid not in (None, os.getpid()) and actor.state == "DEAD"
-    _finished_runs(actor.actor_id, 2)
+    _finished_runs(ray_cluster, actor.actor_id, 2)
 
 
-def _actor_with(cpus: float):
+# Ray's state API is asked at the session's instance by its address: left to find one, it fails with "Found
+# multiple active Ray instances" whenever another Ray instance runs on the machine (`make test`'s other part
+# runs the scripted Ray tests at the same time).
+def _actor_with(address: str, cpus: float):
     """The one ``_ShardActor`` that reserved ``cpus`` CPUs (Ray's state API)."""
     from ray.util.state import list_actors
 
-    actors = [a for a in list_actors(filters=[("class_name", "=", "_ShardActor")], detail=True, limit=1000)
+    actors = [a for a in list_actors(address=address, filters=[("class_name", "=", "_ShardActor")], detail=True,
+                                     limit=1000)
               if (a.required_resources or {}).get("CPU") == cpus]
     assert len(actors) == 1, actors
     return actors[0]
 
 
-def _finished_runs(actor_id: str, n: int) -> None:
+def _finished_runs(address: str, actor_id: str, n: int) -> None:
     """The actor ran ``n`` shards, once Ray's state API reports them finished (task events reach it a moment
     after the task ends)."""
     from ray.util.state import list_tasks
 
     deadline = time.time() + 30
     while True:
-        runs = list_tasks(filters=[("actor_id", "=", actor_id), ("name", "=", "_ShardActor.run")])
+        runs = list_tasks(address=address, filters=[("actor_id", "=", actor_id), ("name", "=", "_ShardActor.run")])
         if [t.state for t in runs] == ["FINISHED"] * n or time.time() > deadline:
             assert [t.state for t in runs] == ["FINISHED"] * n, runs
             return
