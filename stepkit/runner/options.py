@@ -15,7 +15,11 @@ from stepkit.options import Config, flag_of, opt
 class RunOptions(Config):
     """How the runner runs a stage (none of these change the rows, except ``chunk_size``, which is part
     of the identity because it fixes which rows share an engine call; ``chunks_in_flight`` does not: a
-    stage on the asynchronous path gives the same rows whatever order its answers come in)."""
+    stage on the asynchronous path gives the same rows whatever order its answers come in, given samples
+    that depend on the request alone: the scripted engine, or per-request seeds the stage numbers itself,
+    as exhaustive mc-label does (binary mc-label's and mcts-label's requests are still numbered by the
+    engine in the order they are sent, so on GPU their samples depend on timing, as every engine-seeded
+    CPU sample does))."""
 
     chunk_size: int | None = opt(None, "Rows per committed chunk (resume granularity).", min=1)
     force: bool = opt(False, "Redo the output even if it exists from another configuration.")
