@@ -209,6 +209,20 @@ def assert_linear(fn, make_text, n: int = 16_000, factor: int = 16) -> None:
 
 
 @pytest.fixture(scope="session")
+def solutions_160(tmp_path_factory):
+    """The GPT-3 solutions of the first 40 GSM8K test problems (160 rows), one shard for the session: the
+    chunks-in-flight tests need several chunks of 16 (their runs use a fresh answer checker, as a CLI run)."""
+    from stepkit.grading.verify import AnswerChecker, checker_settings
+    from stepkit.stages.ingest import IngestOptions, ingest
+
+    path = tmp_path_factory.mktemp("solutions-160") / "solutions.parquet"
+    with AnswerChecker() as c:
+        ingest("gsm8k-solutions", DATA / "gsm8k" / "example_model_solutions.jsonl", path, IngestOptions(limit=40),
+               c, checker_settings())
+    return path
+
+
+@pytest.fixture(scope="session")
 def ray_cluster():
     """One local Ray instance for the whole session (the Ray executor's tests join it with --ray-address):
     2 CPUs, a 200 MB object store, on 127.0.0.1 only. Ray's dashboard process is started because the state

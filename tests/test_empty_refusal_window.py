@@ -13,22 +13,9 @@ from stepkit.engines.base import EngineSpec, SamplingConfig
 from stepkit.engines.scripted import ScriptedEngine, echo_policy
 from stepkit.errors import StepkitError
 from stepkit.shards import read_rows
-from stepkit.stages.ingest import IngestOptions, ingest
 from stepkit.stages.mc_label import MCLabelConfig, MCLabelStage
-from tests.conftest import DATA
 
 CHUNK = 16
-
-
-@pytest.fixture(scope="module")
-def solutions(tmp_path_factory):
-    from stepkit.grading.verify import AnswerChecker, checker_settings
-
-    path = tmp_path_factory.mktemp("empty") / "solutions.parquet"
-    with AnswerChecker() as checker:
-        ingest("gsm8k-solutions", DATA / "gsm8k" / "example_model_solutions.jsonl", path,
-               IngestOptions(limit=40), checker, checker_settings())
-    return path
 
 
 def policy_emptying(path, chunks: set[int], first_k: int):
@@ -64,15 +51,15 @@ def _run(path, out, policy, checker, window):
 
 
 @pytest.mark.parametrize("window", [1, None], ids=["one-chunk", "default-window"])
-def test_a_clean_first_chunk_is_committed_before_the_refusal(solutions, tmp_path, window):
+def test_a_clean_first_chunk_is_committed_before_the_refusal(solutions_160, tmp_path, window):
     out = tmp_path / "out.parquet"
     with pytest.raises(StepkitError, match="stopped at once with no text"):
-        run(solutions, out, policy_emptying(solutions, set(range(1, 10)), 4), window)
+        run(solutions_160, out, policy_emptying(solutions_160, set(range(1, 10)), 4), window)
     assert (tmp_path / "out.parquet.parts" / "part-00000.parquet").exists()  # chunk 0 had no empty continuation
 
 
 @pytest.mark.parametrize("window", [1, None], ids=["one-chunk", "default-window"])
-def test_a_mostly_empty_first_chunk_is_refused(solutions, tmp_path, window):
+def test_a_mostly_empty_first_chunk_is_refused(solutions_160, tmp_path, window):
     with pytest.raises(StepkitError, match=r"180 of 240 continuations \(75%\) stopped at once with no text"):
-        run(solutions, tmp_path / "out.parquet", policy_emptying(solutions, {0}, 3), window)
+        run(solutions_160, tmp_path / "out.parquet", policy_emptying(solutions_160, {0}, 3), window)
     assert not (tmp_path / "out.parquet").exists()

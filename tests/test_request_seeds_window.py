@@ -19,26 +19,13 @@ import pyarrow.parquet as pq
 import pytest
 
 from stepkit.shards import read_rows
-from stepkit.stages.ingest import IngestOptions, ingest
-from tests.conftest import DATA
 from tests.faults.common import ENV, command, committed, stepkit, wait_for_parts
 from tests.servers import FakeServer
 
 
-@pytest.fixture(scope="module")
-def solutions(tmp_path_factory):
-    from stepkit.grading.verify import AnswerChecker, checker_settings
-
-    path = tmp_path_factory.mktemp("seeds") / "solutions.parquet"
-    with AnswerChecker() as checker:
-        ingest("gsm8k-solutions", DATA / "gsm8k" / "example_model_solutions.jsonl", path,
-               IngestOptions(limit=40), checker, checker_settings())
-    return path
-
-
 @pytest.fixture
-def seeded_server(solutions):
-    golds = {r["prompt"]: r["reference_answer"] for r in read_rows(solutions)}
+def seeded_server(solutions_160):
+    golds = {r["prompt"]: r["reference_answer"] for r in read_rows(solutions_160)}
 
     def mangle(hit, body, reply):
         gold = next((g for p, g in golds.items() if p in body.get("prompt", "")), "0")
@@ -52,15 +39,15 @@ def seeded_server(solutions):
         yield fake
 
 
-def args(solutions, out, fake, *extra):
-    return ["mc-label", solutions, out, "--engine", "openai", "--model", "smollm2-135m", "-k", "2", "--no-progress",
+def args(solutions_160, out, fake, *extra):
+    return ["mc-label", solutions_160, out, "--engine", "openai", "--model", "smollm2-135m", "-k", "2", "--no-progress",
             "--per-request-seed", "--base-url", fake.base_url, "--chunk-size", "16", *extra]
 
 
-def test_a_resumed_run_gives_the_rows_of_an_uninterrupted_one(solutions, seeded_server, tmp_path):
+def test_a_resumed_run_gives_the_rows_of_an_uninterrupted_one(solutions_160, seeded_server, tmp_path):
     whole, resumed = tmp_path / "whole.parquet", tmp_path / "resumed.parquet"
-    stepkit(*args(solutions, whole, seeded_server, "--chunks-in-flight", "1"))
-    proc = subprocess.Popen(command(*args(solutions, resumed, seeded_server, "--chunks-in-flight", "1")), env=ENV,
+    stepkit(*args(solutions_160, whole, seeded_server, "--chunks-in-flight", "1"))
+    proc = subprocess.Popen(command(*args(solutions_160, resumed, seeded_server, "--chunks-in-flight", "1")), env=ENV,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         wait_for_parts(resumed, 3, proc)
@@ -70,12 +57,12 @@ def test_a_resumed_run_gives_the_rows_of_an_uninterrupted_one(solutions, seeded_
         if proc.poll() is None:
             proc.kill()
     assert 3 <= len(committed(resumed)) < 10
-    stepkit(*args(solutions, resumed, seeded_server, "--chunks-in-flight", "1"))
+    stepkit(*args(solutions_160, resumed, seeded_server, "--chunks-in-flight", "1"))
     assert pq.read_table(resumed).to_pylist() == pq.read_table(whole).to_pylist()
 
 
-def test_chunks_in_flight_never_changes_the_rows(solutions, seeded_server, tmp_path):
+def test_chunks_in_flight_never_changes_the_rows(solutions_160, seeded_server, tmp_path):
     one, window = tmp_path / "one.parquet", tmp_path / "window.parquet"
-    stepkit(*args(solutions, one, seeded_server, "--chunks-in-flight", "1"))
-    stepkit(*args(solutions, window, seeded_server))
+    stepkit(*args(solutions_160, one, seeded_server, "--chunks-in-flight", "1"))
+    stepkit(*args(solutions_160, window, seeded_server))
     assert pq.read_table(window).to_pylist() == pq.read_table(one).to_pylist()

@@ -17,9 +17,7 @@ import pytest
 
 from stepkit.engines.base import EngineSpec, SamplingConfig
 from stepkit.engines.scripted import ScriptedEngine
-from stepkit.stages.ingest import IngestOptions, ingest
 from stepkit.stages.mc_label import MCLabelConfig, MCLabelStage
-from tests.conftest import DATA
 
 
 class InterruptedMidBurst(ScriptedEngine):
@@ -40,19 +38,8 @@ class InterruptedMidBurst(ScriptedEngine):
         return out
 
 
-@pytest.fixture(scope="module")
-def solutions(tmp_path_factory):
-    from stepkit.grading.verify import AnswerChecker, checker_settings
-
-    path = tmp_path_factory.mktemp("lost") / "solutions.parquet"
-    with AnswerChecker() as checker:
-        ingest("gsm8k-solutions", DATA / "gsm8k" / "example_model_solutions.jsonl", path,
-               IngestOptions(limit=40), checker, checker_settings())
-    return path
-
-
 @pytest.mark.parametrize("window", [1, None], ids=["one-chunk", "default-window"])
-def test_ctrl_c_mid_burst_stops_the_run(solutions, tmp_path, window):
+def test_ctrl_c_mid_burst_stops_the_run(solutions_160, tmp_path, window):
     from stepkit.grading.verify import AnswerChecker
     from stepkit.runner import run_stage
 
@@ -63,6 +50,6 @@ def test_ctrl_c_mid_burst_stops_the_run(solutions, tmp_path, window):
                              SamplingConfig(temperature=0.8, max_tokens=64), lambda: checker)
         kw = {} if window is None else {"chunks_in_flight": window}
         with pytest.raises(KeyboardInterrupt):
-            run_stage(stage, solutions, tmp_path / "out.parquet", chunk_size=16, progress=False,
+            run_stage(stage, solutions_160, tmp_path / "out.parquet", chunk_size=16, progress=False,
                       max_error_rate=1.0, **kw)
     assert engine.sent < 696  # stopped before every request of the 160 rows was sent (696 in all)
