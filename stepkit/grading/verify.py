@@ -169,11 +169,14 @@ class AnswerChecker:
 
     def grade_many(self, pairs: list[tuple[str, str | None]]) -> list[bool | None]:
         """``check_many``, with None for an ungradable pair (timed out, or crashed its worker twice)."""
-        return [None if self.ungradable(*k) else ok for k, ok in zip(pairs, self.check_many(pairs))]
+        return self._graded(pairs, self.check_many(pairs))
 
     async def agrade_many(self, pairs: list[tuple[str, str | None]]) -> list[bool | None]:
         """``grade_many`` for a coroutine, waiting as :meth:`acheck_many` does (the event loop keeps going)."""
-        return [None if self.ungradable(*k) else ok for k, ok in zip(pairs, await self.acheck_many(pairs))]
+        return self._graded(pairs, await self.acheck_many(pairs))
+
+    def _graded(self, pairs, oks: list[bool]) -> list[bool | None]:
+        return [None if self.ungradable(*k) else ok for k, ok in zip(pairs, oks)]
 
     def gold_problems(self, golds: list[str]) -> dict[str, str | None]:
         """Validate gold answers before generating: gold -> one-line reason it is unusable, or None.

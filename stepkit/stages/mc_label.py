@@ -325,7 +325,7 @@ class MCLabelStage(LabelerStage):
         def draws(r: dict, i: int) -> list:
             """The K continuations of prefix ``i`` of row ``r``, each graded as it arrives: tasks of
             ``(completion, correct)``, correct None when it cannot be graded (error, empty, truncated)."""
-            req = self._request(r, i)
+            req = Request(self._prompt(r, i), self.k)
 
             async def graded(fut):
                 c = await fut
@@ -382,9 +382,10 @@ class MCLabelStage(LabelerStage):
         w = distinct_warning(self.name, counters, self.sampling.temperature)
         return [w] if w else []
 
-    def _request(self, r: dict, i: int) -> Request:
-        return Request(render_continuation(self.engine, r["prompt"], r["steps"], r.get("step_separator") or "\n",
-                                           i, self.template), self.k)
+    def _prompt(self, r: dict, i: int) -> str:
+        """The rendered prompt that continues row ``r`` after its first ``i`` steps."""
+        return render_continuation(self.engine, r["prompt"], r["steps"], r.get("step_separator") or "\n", i,
+                                   self.template)
 
     async def _estimate_all(self, wanted: list[tuple[dict, int]], est, counters) -> None:
         """Exhaustive mode: K continuations of each (row, prefix length), every request submitted at once
@@ -394,7 +395,7 @@ class MCLabelStage(LabelerStage):
         call), so its samples do not depend on the chunks in flight nor on a resume."""
         import asyncio  # (imported where used: a command's --help loads no asyncio)
 
-        got = await asyncio.gather(*(sample_parsed(self.engine, self._request(r, i).prompt, self.sampling,
+        got = await asyncio.gather(*(sample_parsed(self.engine, self._prompt(r, i), self.sampling,
                                                     lambda c: c, self.name, want=self.k, stop_on_error=False,
                                                     seed_index=k)
                                       for k, (r, i) in enumerate(wanted)))
